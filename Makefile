@@ -1,0 +1,58 @@
+# modelwake: every entry point a developer or CI uses.
+#   make demo  - install what is missing, boot a local systemd test host, deploy the simulated K2.6
+#   make test  - install what is missing, lint, and run every test (what .ci/run runs)
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+# Caches that survive between runs but never enter the repo (root filesystems, wheels, models).
+export MODELWAKE_CACHE ?= $(HOME)/.cache/modelwake
+PYTEST := $(VENV)/bin/python -m pytest
+
+.PHONY: help system-deps venv lint unit integration molecule test demo hosts-up hosts-down bench clean
+
+help:
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+system-deps: ## Install the Debian packages the tests and the demo need (apt, only what is missing)
+	tools/install-system-deps.sh
+
+$(VENV)/.installed: requirements.txt
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+venv: $(VENV)/.installed ## Create the pinned controller toolchain in .venv
+
+lint: venv ## yamllint and ansible-lint (production profile)
+	yamllint --strict .
+	ansible-lint --offline
+
+unit: venv ## Unit tests: pure logic, replayed traces, scripted GPUs, no sleeping
+	$(PYTEST) tests/unit
+
+integration: venv system-deps ## Integration tests: real processes, HTTP servers, venvs, Ansible
+	$(PYTEST) tests/integration
+
+molecule: venv system-deps ## Molecule scenarios on systemd-nspawn test hosts
+	molecule test --all
+
+test: system-deps venv lint unit integration molecule ## Everything CI runs
+
+demo: system-deps venv ## Boot a test host and deploy the simulated K2.6 to it
+	ansible-playbook -i inventories/demo deploy-k26.yml
+
+hosts-up: system-deps venv ## Bring the demo test hosts up
+	@echo "test hosts land with issue 4"
+
+hosts-down: ## Stop and remove the demo test hosts
+	@echo "test hosts land with issue 4"
+
+bench: venv ## Benchmarks: writes bench/out/report.md
+	@echo "benchmarks land with issue 7"
+
+clean: ## Remove the toolchain venv (caches under $(MODELWAKE_CACHE) stay)
+	rm -rf $(VENV) .pytest_cache
