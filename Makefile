@@ -38,7 +38,7 @@ integration: venv system-deps ## Integration tests: real processes, HTTP servers
 	$(PYTEST) tests/integration
 
 molecule: venv system-deps ## Molecule scenarios on systemd-nspawn test hosts
-	molecule test --all
+	trap 'tools/testhosts down --prefix mol-' EXIT; molecule test --all
 
 test: system-deps venv lint unit integration molecule ## Everything CI runs
 
@@ -46,10 +46,11 @@ demo: system-deps venv ## Boot a test host and deploy the simulated K2.6 to it
 	ansible-playbook -i inventories/demo deploy-k26.yml
 
 hosts-up: system-deps venv ## Bring the demo test hosts up
-	@echo "test hosts land with issue 4"
+	tools/testhosts up demo-k26 --addr 10.213.77.10
+	tools/testhosts install-fake-gpus demo-k26 --count 8
 
 hosts-down: ## Stop and remove the demo test hosts
-	@echo "test hosts land with issue 4"
+	tools/testhosts down --all
 
 bench: venv ## Benchmarks: writes bench/out/report.md
 	@echo "benchmarks land with issue 7"
