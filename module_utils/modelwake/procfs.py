@@ -1,0 +1,250 @@
+"""Reading /proc and /sys/fs/cgroup: a server's process tree, its CPU time and disk reads.
+
+Why these counters:
+- CPU: utime+stime of every process in the tree plus cutime+cstime, because vLLM compiles in
+  short-lived g++ children that are reaped between two polls: their CPU only shows up in the
+  parent's reaped-children counters.
+- Disk: `read_bytes` from /proc/<pid>/io, not `rchar`: vLLM's weight reader is a grandchild that
+  reads the safetensors through mmap, so its `rchar` stays 0 while `read_bytes` counts the pages
+  faulted in from disk. /proc/<pid>/io of another user's process needs privileges: then None.
+"""
+import glob
+import os
+
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+STATE_NAMES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "disk sleep",
+    "T": "stopped",
+    "t": "tracing stop",
+    "Z": "zombie",
+    "X": "dead",
+    "I": "idle",
+}
+
+
+def _read(path, mode="r"):
+    with open(path, mode) as handle:
+        return handle.read()
+
+
+def read_process(pid, proc_root="/proc"):
+    """One process as a dict, or None when it does not exist (or vanished while we read it)."""
+    base = os.path.join(proc_root, str(pid))
+    try:
+        stat = _read(os.path.join(base, "stat"))
+    except (OSError, ValueError):
+        return None
+    # comm may itself contain spaces and parentheses: it ends at the LAST ')'.
+    close = stat.rfind(")")
+    comm = stat[stat.find("(") + 1:close]
+    fields = stat[close + 2:].split()
+    info = {
+        "pid": int(pid),
+        "comm": comm,
+        "state": fields[0],
+        "ppid": int(fields[1]),
+        "own_ticks": int(fields[11]) + int(fields[12]),
+        "child_ticks": int(fields[13]) + int(fields[14]),
+        "starttime": int(fields[19]),
+        "read_bytes": None,
+        "cmdline": "",
+    }
+    try:
+        for line in _read(os.path.join(base, "io")).splitlines():
+            if line.startswith("read_bytes:"):
+                info["read_bytes"] = int(line.split(":", 1)[1])
+    except (OSError, ValueError):
+        pass  # no privileges for another user's io: None, never a crash
+    try:
+        raw = _read(os.path.join(base, "cmdline"), "rb")
+        info["cmdline"] = raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        pass
+    return info
+
+
+def is_gone(info):
+    """A zombie has finished: only its exit status waits to be collected."""
+    return info is None or info["state"] in ("Z", "X")
+
+
+def children(pid, proc_root="/proc"):
+    """Direct children of pid: /proc/<pid>/task/*/children when the kernel has it, else a scan."""
+    paths = glob.glob(os.path.join(proc_root, str(pid), "task", "*", "children"))
+    if paths:
+        found = []
+        for path in paths:
+            try:
+                found.extend(int(x) for x in _read(path).split())
+            except (OSError, ValueError):
+                continue
+        return found
+    return [info["pid"] for info in _all_processes(proc_root) if info["ppid"] == pid]
+
+
+def _all_processes(proc_root):
+    for name in os.listdir(proc_root):
+        if name.isdigit():
+            info = read_process(name, proc_root)
+            if info is not None:
+                yield info
+
+
+def tree(root_pids, proc_root="/proc"):
+    """The processes of root_pids and all their descendants, as {pid: info}."""
+    found = {}
+    queue = list(root_pids)
+    while queue:
+        pid = queue.pop(0)
+        if pid in found:
+            continue
+        info = read_process(pid, proc_root)
+        if info is None:
+            continue
+        found[pid] = info
+        queue.extend(children(pid, proc_root))
+    return found
+
+
+class TreeCounter(object):
+    """Monotonic CPU-seconds and read_bytes totals of a process tree across polls.
+
+    Per process (pid + start time, so a reused pid is a new process) it keeps the last values
+    seen. A process that exits keeps what it contributed, so totals never drop. When a parent
+    reaps a child, the child's counters are added into the parent's (cutime/cstime; the io of
+    a reaped child is added to the parent's io); the part we had already counted while the
+    child lived is held as a debt and deducted from those later increases, so it is not
+    counted twice. Children too short-lived to be seen create no debt: their work counts fully.
+    """
+
+    def __init__(self):
+        self.last = {}
+        self.cpu_ticks = 0
+        self.read_bytes = 0
+        self.read_bytes_known = False
+        self.cpu_debt = 0
+        self.read_debt = 0
+
+    def update(self, processes):
+        """Fold one poll's {pid: info} into the totals; return (cpu_seconds, read_bytes or None)."""
+        seen = set()
+        for info in processes.values():
+            key = "%d:%d" % (info["pid"], info["starttime"])
+            seen.add(key)
+            prev = self.last.get(key)
+            own = info["own_ticks"]
+            reaped = info["child_ticks"]
+            rbytes = info["read_bytes"]
+            if prev is None:
+                # First sight: everything it has done so far is new work of this tree.
+                self.cpu_ticks += own + reaped
+                if rbytes is not None:
+                    self.read_bytes += rbytes
+                    self.read_bytes_known = True
+            else:
+                self.cpu_ticks += max(0, own - prev["own"])
+                self.cpu_ticks += self._pay(max(0, reaped - prev["reaped"]), "cpu_debt")
+                if rbytes is not None and prev["rbytes"] is not None:
+                    self.read_bytes += self._pay(max(0, rbytes - prev["rbytes"]), "read_debt")
+                    self.read_bytes_known = True
+            self.last[key] = {"own": own, "reaped": reaped, "rbytes": rbytes}
+        for key in [k for k in self.last if k not in seen]:
+            gone = self.last.pop(key)
+            self.cpu_debt += gone["own"] + gone["reaped"]
+            self.read_debt += gone["rbytes"] or 0
+        return (self.cpu_ticks / float(CLK_TCK), self.read_bytes if self.read_bytes_known else None)
+
+    def _pay(self, increase, debt_name):
+        debt = getattr(self, debt_name)
+        paid = min(increase, debt)
+        setattr(self, debt_name, debt - paid)
+        return increase - paid
+
+
+def cgroup_pids(control_group=None, main_pid=None, proc_root="/proc", cgroup_root="/sys/fs/cgroup"):
+    """Pids in a systemd unit's cgroup (and its sub-cgroups), cgroup v2 or the v1 name=systemd tree.
+
+    control_group is systemd's ControlGroup property; without it the path is read from
+    /proc/<main_pid>/cgroup. Returns [] when neither leads anywhere.
+    """
+    paths = []
+    if control_group:
+        paths = [os.path.join(cgroup_root, control_group.lstrip("/")),
+                 os.path.join(cgroup_root, "systemd", control_group.lstrip("/"))]
+    elif main_pid:
+        try:
+            lines = _read(os.path.join(proc_root, str(main_pid), "cgroup")).splitlines()
+        except OSError:
+            lines = []
+        for line in lines:
+            hier, controllers, path = line.split(":", 2)
+            if hier == "0" and controllers == "":
+                paths.append(os.path.join(cgroup_root, path.lstrip("/")))
+            elif controllers == "name=systemd":
+                paths.append(os.path.join(cgroup_root, "systemd", path.lstrip("/")))
+    for path in paths:
+        if os.path.isdir(path):
+            pids = []
+            for dirpath, _dirs, files in os.walk(path):
+                if "cgroup.procs" in files:
+                    try:
+                        pids.extend(int(x) for x in _read(os.path.join(dirpath, "cgroup.procs")).split())
+                    except (OSError, ValueError):
+                        continue
+            return sorted(set(pids))
+    return []
+
+
+def _listening_inodes(port, proc_root):
+    inodes = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = _read(os.path.join(proc_root, "net", name)).splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            # cols: sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(cols[9])
+    return inodes
+
+
+def listening_socket_owners(port, proc_root="/proc"):
+    """Who listens on a TCP port: [] (nobody), else [{"pid": int or None, "comm": str or None}].
+
+    Several processes can hold a listening socket (inherited fds, SO_REUSEPORT). A listener whose
+    owner is not visible to us (another user's fds without privileges) is {"pid": None, ...}.
+    """
+    inodes = _listening_inodes(port, proc_root)
+    if not inodes:
+        return []
+    targets = set("socket:[%s]" % inode for inode in inodes)
+    owners = []
+    for name in os.listdir(proc_root):
+        if not name.isdigit():
+            continue
+        fd_dir = os.path.join(proc_root, name, "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            if link in targets:
+                info = read_process(name, proc_root)
+                owners.append({"pid": int(name), "comm": info["comm"] if info else None})
+                break
+    return owners or [{"pid": None, "comm": None}]
+
+
+def listening_socket_owner(port, proc_root="/proc"):
+    """The first process listening on port ({"pid", "comm"}), or None when nobody listens."""
+    owners = listening_socket_owners(port, proc_root)
+    return owners[0] if owners else None

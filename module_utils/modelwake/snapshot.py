@@ -1,0 +1,29 @@
+"""One poll's observations, as plain JSON-serialisable data: what the classifier judges.
+
+A Snapshot is built by HostProbe on a real host, or replayed from a recorded trace in tests.
+"""
+import dataclasses
+from typing import Any, Dict, List, Optional
+
+
+@dataclasses.dataclass
+class Snapshot(object):
+    t: float  # seconds since the wait began (monotonic clock)
+    # Process tree: {"root_pid", "alive", "pids", "cpu_seconds", "read_bytes", "states", "comms"}.
+    # states/comms map str(pid) -> value; read_bytes is None when /proc/<pid>/io is unreadable.
+    process: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    unit: Optional[Dict[str, Any]] = None  # systemctl show properties (unit mode only)
+    gpus: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    log_lines: List[str] = dataclasses.field(default_factory=list)  # new lines since last poll
+    log_context: List[str] = dataclasses.field(default_factory=list)  # first read, maybe an earlier run
+    http: Optional[Dict[str, Any]] = None  # http_probe.probe_ready() result
+    listeners: Optional[List[Dict[str, Any]]] = None  # owners of the URL's port when it listens
+    errors: List[str] = dataclasses.field(default_factory=list)  # signals that could not be read
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data):
+        names = set(f.name for f in dataclasses.fields(cls))
+        return cls(**dict((k, v) for k, v in data.items() if k in names))
