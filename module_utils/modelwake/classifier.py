@@ -165,16 +165,19 @@ class Classifier(object):
             events.append("read_bytes +%s" % _mib(read_delta))
             st["last_read_t"] = t
             st["disk_loading_seen"] = True
-        gpu_rising = False
+        gpu_changes = {}
         for gpu in snap.gpus:
             key = str(gpu["index"])
             prev = st["gpu_prev"].get(key)
             used = gpu.get("memory_used_mib")
             if prev is not None and used is not None and abs(used - prev) >= cfg.gpu_memory_threshold:
-                events.append("GPU %s memory %+d MiB" % (key, used - prev))
-                gpu_rising = gpu_rising or used > prev
+                gpu_changes[key] = used - prev
             if used is not None:
                 st["gpu_prev"][key] = used
+        if gpu_changes:
+            biggest = max(gpu_changes.values(), key=abs)
+            events.append("GPU memory %+d MiB on GPU %s" % (biggest, ",".join(sorted(gpu_changes, key=int))))
+        gpu_rising = any(change > 0 for change in gpu_changes.values())
         pids = sorted(proc.get("pids") or [])
         if st["pids_prev"] is not None and pids != st["pids_prev"]:
             events.append("process tree changed (%d processes)" % len(pids))
@@ -336,13 +339,13 @@ class Classifier(object):
         reading = read_delta is not None and read_delta >= cfg.read_threshold
         if phase == STARTING and (reading or gpu_rising):
             phase = LOADING  # the log is silent, the disk or the GPUs are not
+        if st["phase"] in PHASES and not st["reset"]:
+            phase = _later(phase, st["phase"])  # within one run the phases only move forward
+        st["reset"] = False
         if phase == LOADING and self._load_done(t, cpu_rate):
             phase = INITIALIZING
         if http and http.get("listening"):
             phase = _later(phase, INITIALIZING)  # the port answers only after loading
-        if st["phase"] in PHASES and not st["reset"]:
-            phase = _later(phase, st["phase"])  # within one run the phases only move forward
-        st["reset"] = False
         if phase == LOADING and st["load_t"] is None:
             st["load_t"] = t
         return phase

@@ -1,0 +1,72 @@
+"""A faked `pynvml` (nvidia-ml-py) for unit tests: the machine has no GPU.
+
+Tests inject it with `monkeypatch.setitem(sys.modules, "pynvml", fake)` or pass it as the `nvml`
+argument of GpuReader, and describe the GPUs with `configure()`. Only the calls modelwake makes
+exist; values are in bytes like the real NVML.
+"""
+import types
+
+_STATE = {"devices": [], "init_error": None, "initialised": 0}
+
+
+class NVMLError(Exception):
+    """Stands for pynvml.NVMLError (its subclasses carry the NVML return code)."""
+
+
+def configure(devices=None, init_error=None):
+    """devices: [{"uuid", "memory_used_mib", "memory_total_mib", "utilization" (None = Not
+    Supported), "processes": [{"pid", "used_mib" (None = not available)}]}]."""
+    _STATE["devices"] = list(devices or [])
+    _STATE["init_error"] = init_error
+    _STATE["initialised"] = 0
+
+
+def nvmlInit():
+    if _STATE["init_error"]:
+        raise NVMLError(_STATE["init_error"])
+    _STATE["initialised"] += 1
+
+
+def nvmlShutdown():
+    _STATE["initialised"] -= 1
+
+
+def _check():
+    if _STATE["initialised"] <= 0:
+        raise NVMLError("Uninitialized")
+
+
+def nvmlDeviceGetCount():
+    _check()
+    return len(_STATE["devices"])
+
+
+def nvmlDeviceGetHandleByIndex(index):
+    _check()
+    if not 0 <= index < len(_STATE["devices"]):
+        raise NVMLError("Invalid Argument")
+    return _STATE["devices"][index]
+
+
+def nvmlDeviceGetUUID(handle):
+    return handle.get("uuid", "GPU-fake")
+
+
+def nvmlDeviceGetMemoryInfo(handle):
+    mib = 1024 * 1024
+    used = handle["memory_used_mib"] * mib
+    total = handle["memory_total_mib"] * mib
+    return types.SimpleNamespace(used=used, total=total, free=total - used)
+
+
+def nvmlDeviceGetUtilizationRates(handle):
+    if handle.get("utilization") is None:
+        raise NVMLError("Not Supported")
+    return types.SimpleNamespace(gpu=handle["utilization"], memory=0)
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle):
+    mib = 1024 * 1024
+    return [types.SimpleNamespace(pid=p["pid"],
+                                  usedGpuMemory=None if p.get("used_mib") is None else p["used_mib"] * mib)
+            for p in handle.get("processes", [])]

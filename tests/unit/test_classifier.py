@@ -1,0 +1,315 @@
+"""The phase classifier on replayed snapshot traces: each verdict the issue names, as a case."""
+import json
+
+import pytest
+
+from modelwake.classifier import Classifier
+
+from traces import (K26_EXPECTED_BYTES, MIB, SGLANG_PREFIX, Trace, config, hang, http, k26_start,
+                    phases_seen, replay, vllm_cpu_start, vllm_prefix)
+
+
+# -- silent phases with progress are never stalled ------------------------------------------
+
+def test_k26_start_silent_loading_then_silent_init_then_ready():
+    cfg = config(engine="sglang", stall_timeout=300, poll_interval=10, expected_bytes=K26_EXPECTED_BYTES)
+    verdicts = replay(cfg, k26_start())
+    assert phases_seen(verdicts) == ["starting", "loading", "initializing", "ready"]
+    by_t = dict(verdicts)
+    # Ten silent minutes (twice the stall timeout) of disk reading: loading, with progress figures.
+    mid = by_t[500]
+    assert mid.phase == "loading"
+    assert mid.read_rate == pytest.approx(575 * MIB, rel=0.01)
+    assert mid.fraction == pytest.approx(480 / 900.0, abs=0.02)
+    assert mid.eta == pytest.approx(420, abs=15)
+    assert "read_bytes" in mid.last_progress["what"]
+    # CPU-bound initialisation, silent for 300 s, GPU memory flat and utilisation 0: initializing.
+    assert by_t[1100].phase == "initializing"
+    assert by_t[1100].fraction == 1.0
+    assert "CPU 1.50 cores" in by_t[1100].last_progress["what"]
+    final = verdicts[-1][1]
+    assert final.phase == "ready" and verdicts[-1][0] == 1250
+    assert "answered 200 with choices" in final.msg
+    assert [p["phase"] for p in final.phases] == ["starting", "loading", "initializing", "ready"]
+    assert final.phases[1]["start"] == 20.0
+
+
+def test_k26_start_without_expected_bytes_leaves_loading_once_reads_stop_and_cpu_works():
+    cfg = config(engine="auto", stall_timeout=300, poll_interval=10)
+    verdicts = dict(replay(cfg, k26_start()))
+    assert verdicts[920].phase == "loading"
+    # 60 s after the last read, with the CPU busy, the silent init is recognised.
+    assert verdicts[970].phase == "loading"
+    assert verdicts[980].phase == "initializing"
+    assert verdicts[980].engine == "sglang"
+    assert verdicts[500].fraction is None and verdicts[500].eta is None
+
+
+def test_vllm_cpu_start_17_s_silence_after_loading_is_not_stalled():
+    # stall_timeout shorter than the silence: only the CPU time (0.75 core) shows progress.
+    cfg = config(engine="vllm", stall_timeout=15, poll_interval=5)
+    verdicts = replay(cfg, vllm_cpu_start())
+    assert phases_seen(verdicts) == ["starting", "loading", "initializing", "ready"]
+    by_t = dict(verdicts)
+    assert by_t[65].shards == [2, 3] and by_t[65].fraction == pytest.approx(0.6667, abs=0.001)
+    assert by_t[65].eta == pytest.approx(10.0, abs=0.1)  # loading began at 45: 20 s for 2 shards, 1 left
+    assert by_t[80].phase == "initializing"
+    assert by_t[80].last_progress == {"t": 80.0, "what": "CPU 0.75 cores"}
+    assert verdicts[-1][1].phase == "ready"
+
+
+def test_auto_engine_treats_sglang_startup_complete_as_warmup_not_ready():
+    cfg = config(engine="auto")
+    trace = Trace()
+    verdicts = replay(cfg, [
+        trace.step(0, lines=["server_args=ServerArgs(model_path='/m')"]),
+        trace.step(5, cpu=1, lines=["INFO:     Application startup complete."], http_result=http(503)),
+    ])
+    assert verdicts[-1][1].phase == "initializing"
+    assert verdicts[-1][1].engine == "sglang"
+    assert "the engine logged that it is ready" not in verdicts[-1][1].msg
+
+
+# -- hangs: stalled exactly once stall_timeout has passed -------------------------------------
+
+@pytest.mark.parametrize("stall_timeout,poll", [(600, 5), (300, 10), (30, 1), (45, 5)])
+def test_hang_is_stalled_exactly_at_stall_timeout_not_a_poll_earlier(stall_timeout, poll):
+    cfg = config(engine="vllm", stall_timeout=stall_timeout, poll_interval=poll, timeout=3600)
+    verdicts = replay(cfg, hang(stall_timeout, poll, until=3600))
+    t_end, final = verdicts[-1]
+    assert final.phase == "stalled" and final.terminal
+    assert t_end == 100 + stall_timeout  # last progress at t=100
+    assert dict(verdicts)[100 + stall_timeout - poll].phase != "stalled"
+    assert "no progress for %d s in phase loading" % stall_timeout in final.msg
+    assert "process 300 state T (stopped)" in final.msg
+    assert "utilisation 100/100 %" in final.msg
+    assert final.last_progress["t"] == 100.0 and final.last_progress["what"].startswith("CPU 1.00 cores")
+
+
+def test_hang_heartbeat_lines_and_gpu_utilisation_are_not_progress():
+    cfg = config(engine="vllm", stall_timeout=600, poll_interval=5)
+    verdicts = replay(cfg, hang(600, 5, until=3600))
+    for t, verdict in verdicts:
+        if t > 100:
+            assert verdict.last_progress["t"] == 100.0, "shm heartbeat or GPU util counted at t=%s" % t
+
+
+def test_tqdm_redraw_of_the_same_shard_is_not_progress():
+    cfg = config(engine="sglang", stall_timeout=20, poll_interval=5)
+    trace = Trace()
+    bar = SGLANG_PREFIX + "Loading safetensors checkpoint shards:  45% Completed | 29/64 [05:00<06:00, 10.1s/it]"
+    snaps = [trace.step(0, lines=[SGLANG_PREFIX + "Load weight begin. avail mem=85 GB"])]
+    snaps += [trace.step(t, lines=[bar]) for t in range(5, 60, 5)]
+    verdicts = replay(cfg, snaps)
+    t_end, final = verdicts[-1]
+    assert final.phase == "stalled" and t_end == 25
+    assert final.shards == [29, 64]
+
+
+# -- crashes: failed on the first poll after, with the root cause ------------------------------
+
+def test_crash_process_gone_is_failed_on_the_first_poll_with_the_exception_as_evidence():
+    cfg = config(engine="sglang")
+    trace = Trace()
+    traceback = [SGLANG_PREFIX + "Load weight begin. avail mem=85 GB", "Traceback (most recent call last):",
+                 '  File "/opt/venv/lib/python3.11/site-packages/sglang/srt/layers/quantization/compressed_tensors.py", line 80',
+                 "    CompressionFormat.nvfp4_pack_quantized.value,",
+                 "AttributeError: type object 'CompressionFormat' has no attribute 'nvfp4_pack_quantized'"]
+    verdicts = replay(cfg, [
+        trace.step(0, lines=["server_args=ServerArgs(model_path='/m')"]),
+        trace.step(5, cpu=1, lines=traceback),
+        trace.step(10, alive=False),
+        trace.step(15, alive=False),
+    ])
+    t_end, final = verdicts[-1]
+    assert (t_end, final.phase, final.terminal) == (10, "failed", True)
+    assert "process 100 exited" in final.msg and "in phase loading" in final.msg
+    assert final.evidence[0].startswith("AttributeError: type object 'CompressionFormat'")
+    assert "Traceback (most recent call last):" in final.evidence
+
+
+VLLM_TRUNCATED_SHARD = [
+    "(Worker pid=311) INFO 11-30 04:40:01 [gpu_model_runner.py:1] Starting to load model /m...",
+    "Loading safetensors checkpoint shards:   0% Completed | 0/3 [00:00<?, ?it/s]",
+    "(Worker pid=311) ERROR 11-30 04:40:02 [multiproc_executor.py:671] WorkerProc failed to start.",
+    "(Worker pid=311) ERROR 11-30 04:40:02 [multiproc_executor.py:671] Traceback (most recent call last):",
+    '(Worker pid=311) ERROR 11-30 04:40:02 [multiproc_executor.py:671]   File "/v/safetensors/torch.py", line 315, in load_file',
+    "(Worker pid=311) ERROR 11-30 04:40:02 [multiproc_executor.py:671]     with safe_open(filename, framework=\"pt\") as f:",
+    "(Worker pid=311) ERROR 11-30 04:40:02 [multiproc_executor.py:671] safetensors_rust.SafetensorError: Error while "
+    "deserializing header: incomplete metadata, file not fully covered",
+]
+VLLM_FINAL = [
+    "(EngineCore pid=200) ERROR 11-30 04:40:08 [core.py:700] EngineCore failed to start.",
+    "(EngineCore pid=200) ERROR 11-30 04:40:08 [core.py:700] Exception: WorkerProc initialization failed due to an "
+    "exception in a background process. See stack trace for root cause.",
+    "(APIServer pid=100) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+]
+
+
+@pytest.mark.parametrize("batches", [
+    [VLLM_TRUNCATED_SHARD + VLLM_FINAL],  # all in one poll
+    [VLLM_TRUNCATED_SHARD, VLLM_FINAL],  # root cause one poll, the wrapper the next
+], ids=["one-poll", "two-polls"])
+def test_truncated_shard_names_the_safetensor_error_not_only_the_final_runtime_error(batches):
+    cfg = config(engine="vllm")
+    trace = Trace(pids=(100, 200, 311))
+    snaps = [trace.step(0, lines=[vllm_prefix("APIServer", 100) + "vLLM API server version 0.32.0"])]
+    snaps += [trace.step(5 * (i + 1), cpu=1, lines=batch) for i, batch in enumerate(batches)]
+    t_end, final = replay(cfg, snaps)[-1]
+    assert final.phase == "failed" and t_end == 5
+    assert "SafetensorError: Error while deserializing header" in final.evidence[0]
+    assert "SafetensorError" in final.msg
+    assert any("Traceback (most recent call last)" in line for line in final.evidence)
+
+
+def test_only_a_final_wrapper_still_names_the_first_specific_error():
+    cfg = config(engine="vllm")
+    trace = Trace()
+    lines = ["pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+             "  Value error, Invalid repository ID or local directory specified: '/m'",
+             "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]
+    _t, final = replay(cfg, [trace.step(0), trace.step(5, cpu=1, lines=lines)])[-1]
+    assert final.phase == "failed"
+    assert final.evidence[0].startswith("pydantic_core._pydantic_core.ValidationError")
+    assert final.evidence[-1].startswith("RuntimeError: Engine core initialization failed")
+
+
+def test_ambiguous_sglang_unexpected_error_line_alone_is_not_fatal():
+    cfg = config(engine="sglang", stall_timeout=600)
+    trace = Trace()
+    _t, final = replay(cfg, [trace.step(0), trace.step(5, cpu=1, lines=["[2026-05-25 19:08:04 TP4] Unexpected error during packa"])])[-1]
+    assert final.phase == "starting"
+
+
+def unit_props(state="active", sub="running", main_pid=500, restarts=0, status=0, result="success"):
+    return {"ActiveState": state, "SubState": sub, "MainPID": main_pid, "NRestarts": restarts,
+            "ExecMainStatus": status, "ExecMainCode": 1, "Result": result, "StatusText": "",
+            "Type": "simple", "LoadState": "loaded"}
+
+
+@pytest.mark.parametrize("after,words", [
+    (unit_props(main_pid=600, restarts=1), "restarted 1 time(s) during the wait (NRestarts 0 -> 1"),
+    (unit_props(main_pid=600, restarts=None), "main process changed from 500 to 600"),
+    (unit_props(state="activating", sub="auto-restart", main_pid=0), "waits to restart it"),
+    (unit_props(state="inactive", sub="dead", main_pid=0), "stopped 10 s into the wait"),
+    (unit_props(state="failed", sub="failed", main_pid=0, status=1, result="exit-code"), "failed (ActiveState=failed"),
+], ids=["nrestarts-up", "mainpid-changed", "auto-restart", "exit-0-inactive", "unit-failed"])
+def test_unit_mode_crash_that_exits_0_or_restarts_is_failed(after, words):
+    cfg = config(unit="sglang-k26.service")
+    trace = Trace(pids=(500, 501))
+    verdicts = replay(cfg, [
+        trace.step(0, unit=unit_props(), lines=["server_args=ServerArgs(model_path='/m')"]),
+        trace.step(5, cpu=1, unit=unit_props()),
+        trace.step(10, cpu=1, unit=after, pids=(600,) if after["MainPID"] == 600 else None),
+    ])
+    t_end, final = verdicts[-1]
+    assert (t_end, final.phase) == (10, "failed")
+    assert words in final.msg
+
+
+def test_unit_not_started_yet_is_not_started_and_not_failed():
+    cfg = config(unit="sglang-k26.service")
+    trace = Trace(pids=(1,))
+    _t, final = replay(cfg, [trace.step(0, unit=unit_props(state="inactive", sub="dead", main_pid=0), alive=False)])[-1]
+    assert final.phase == "not_started" and not final.terminal
+
+
+def test_unit_restart_count_is_reported():
+    cfg = config(unit="sglang-k26.service")
+    trace = Trace(pids=(500,))
+    verdicts = replay(cfg, [trace.step(0, unit=unit_props(restarts=3)), trace.step(5, cpu=1, unit=unit_props(restarts=4, main_pid=700))])
+    assert verdicts[-1][1].restarts == 1
+
+
+# -- HTTP: answering endpoints that do not prove readiness -------------------------------------
+
+@pytest.mark.parametrize("engine,answer", [
+    ("sglang", http(503, models=200)),  # SGLang's static model list during warm-up
+    ("vllm", http(200, models=200, completion="timeout", model="tiny")),  # hung engine: /health 200, completion hangs
+    ("vllm", http(200, models=200, completion=404, model="wrong")),
+], ids=["sglang-models-200-warming", "vllm-health-200-completion-timeout", "vllm-completion-404"])
+def test_endpoints_that_answer_before_ready_are_not_ready(engine, answer):
+    cfg = config(engine=engine)
+    trace = Trace()
+    _t, final = replay(cfg, [trace.step(0), trace.step(5, cpu=1, http_result=answer)])[-1]
+    assert final.phase == "initializing" and not final.terminal
+
+
+def test_vllm_health_503_is_a_dead_engine():
+    cfg = config(engine="vllm")
+    trace = Trace()
+    _t, final = replay(cfg, [trace.step(0), trace.step(5, cpu=1, http_result=http(503))])[-1]
+    assert final.phase == "failed" and "engine core is dead" in final.msg
+
+
+def test_port_held_by_another_process_is_failed_naming_its_pid():
+    cfg = config(engine="vllm")
+    trace = Trace(pids=(100, 200))
+    _t, final = replay(cfg, [trace.step(0, http_result=http(200, models=200, completion=200, ready=True),
+                                        listeners=[{"pid": 4242, "comm": "python3"}])])[-1]
+    assert final.phase == "failed"
+    assert "port 30001 is held by another process (pid 4242, python3)" in final.msg
+
+
+def test_port_held_by_the_server_itself_is_ready():
+    cfg = config(engine="vllm")
+    trace = Trace(pids=(100, 200))
+    _t, final = replay(cfg, [trace.step(0, http_result=http(200, models=200, completion=200, ready=True, model="m"),
+                                        listeners=[{"pid": 100, "comm": "python3"}])])[-1]
+    assert final.phase == "ready"
+
+
+def test_ready_needs_the_server_alive():
+    cfg = config(engine="vllm")
+    trace = Trace()
+    _t, final = replay(cfg, [trace.step(0), trace.step(5, alive=False, http_result=http(200, completion=200, ready=True))])[-1]
+    assert final.phase == "failed"
+
+
+# -- deadlines ----------------------------------------------------------------------------------
+
+def test_overall_timeout_while_still_progressing_is_timeout():
+    cfg = config(engine="sglang", timeout=100, stall_timeout=600, poll_interval=10)
+    trace = Trace()
+    snaps = [trace.step(t, cpu=1.0, read=10 * MIB) for t in range(0, 200, 10)]
+    t_end, final = replay(cfg, snaps)[-1]
+    assert (t_end, final.phase, final.terminal) == (100, "timeout", True)
+    assert final.msg.startswith("timeout: not ready after 100 s; in phase loading since +10 s")
+
+
+def test_timeout_zero_never_gives_a_timeout_verdict():
+    cfg = config(engine="sglang", timeout=0)
+    trace = Trace()
+    _t, final = replay(cfg, [trace.step(0, lines=[SGLANG_PREFIX + "Load weight begin. avail mem=85 GB"])])[-1]
+    assert final.phase == "loading" and not final.terminal
+
+
+# -- logs from earlier runs ---------------------------------------------------------------------
+
+OLD_CRASH = ["[2026-05-25 18:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+             "Received sigquit from a child proces. It usually means the child failed."]
+
+
+@pytest.mark.parametrize("context,expected", [
+    (OLD_CRASH, "starting"),  # cannot tell which run: not taken at face value
+    (["server_args=ServerArgs(model_path='/old')"] + OLD_CRASH + ["server_args=ServerArgs(model_path='/m')"], "starting"),
+    (["server_args=ServerArgs(model_path='/m')"] + OLD_CRASH, "failed"),  # after this run's start marker
+], ids=["no-run-marker", "crash-of-earlier-run", "crash-of-this-run"])
+def test_fatal_lines_in_a_file_tail_count_only_when_they_follow_a_run_start(context, expected):
+    cfg = config(engine="sglang")
+    _t, final = replay(cfg, [Trace().step(0, context=context)])[-1]
+    assert final.phase == expected
+
+
+# -- state persistence --------------------------------------------------------------------------
+
+def test_state_survives_a_json_round_trip_between_one_shot_looks():
+    cfg = config(engine="vllm", stall_timeout=15)
+    snaps = list(vllm_cpu_start())
+    whole = [v.to_dict() for _t, v in replay(cfg, snaps, stop_at_terminal=False)]
+    first = Classifier(cfg)
+    resumed = [first.observe(s).to_dict() for s in snaps[:12]]
+    state = json.loads(json.dumps(first.state_dict()))
+    second = Classifier.from_state(cfg, state)
+    resumed += [second.observe(s).to_dict() for s in snaps[12:]]
+    assert resumed == whole
