@@ -1,0 +1,130 @@
+"""Command line: `python -m modelwake_sim make-model DIR ...` and `python -m modelwake_sim serve ...`."""
+import argparse
+import os
+import sys
+
+from . import __version__, faults, model
+
+# Defaults scaled from the K2.6 start (548 GB at ~575 MiB/s = ~16 min of reading, then ~10 min of
+# silent JIT, then a short warm-up) down to ~75 s for the default 2 GiB model.
+DEFAULT_LOAD_RATE_MIB = 50.0
+DEFAULT_START_SECONDS = 3.0
+DEFAULT_INIT_SECONDS = 25.0
+DEFAULT_WARMUP_SECONDS = 4.0
+
+
+def _positive(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError("expected a number, got %r" % text)
+        if value < 0:
+            raise argparse.ArgumentTypeError("must be 0 or more, got %r" % text)
+        return value
+    return parse
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="python -m modelwake_sim",
+                                     description="Simulated SGLang/vLLM engine for modelwake's tests and demo.")
+    parser.add_argument("--version", action="version", version=__version__)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    make = sub.add_parser("make-model", help="write a K2.6-like model directory with real safetensors shards",
+                          description="Write (or complete) a Kimi-K2.6-like model directory: config.json with a "
+                                      "compressed-tensors quantization_config, model.safetensors.index.json and "
+                                      "N real safetensors shards. Complete files are kept (idempotent).")
+    make.add_argument("directory", help="model directory to create; nothing is written outside it")
+    make.add_argument("--size-mib", type=int, default=2048, help="total size of the shards in MiB (default 2048)")
+    make.add_argument("--shards", type=int, default=64, help="number of shard files (default 64, like K2.6)")
+    make.add_argument("--quantization", default="nvfp4-pack-quantized", choices=model.QUANTIZATIONS,
+                      help="compressed-tensors format of config.json (default nvfp4-pack-quantized; "
+                           "'none' writes no quantization_config)")
+
+    serve = sub.add_parser("serve", help="start up and serve like SGLang or vLLM",
+                           description="Start up like the real engine (process tree, log lines, port behaviour, "
+                                       "real shard reads, silent CPU-bound initialisation) and serve an "
+                                       "OpenAI-style API. API key: environment variable MODELWAKE_API_KEY.")
+    serve.add_argument("--engine", choices=("sglang", "vllm"), required=True, help="which engine to imitate")
+    serve.add_argument("--model-path", "--model", dest="model_path", required=True, help="model directory (make-model)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=30000, help="port to serve on (default 30000)")
+    serve.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp", type=int, default=1,
+                       help="tensor-parallel ranks: one scheduler (SGLang) or worker (vLLM) process each (default 1)")
+    serve.add_argument("--served-model-name", default=None,
+                       help="model id in /v1/models and completions (default: the model path)")
+    serve.add_argument("--load-rate-mib", type=_positive(float), default=DEFAULT_LOAD_RATE_MIB,
+                       help="aggregate disk read rate while loading, MiB/s, shared by the ranks (default %g)"
+                            % DEFAULT_LOAD_RATE_MIB)
+    serve.add_argument("--start-seconds", type=_positive(float), default=DEFAULT_START_SECONDS,
+                       help="imports and distributed init before loading (default %g)" % DEFAULT_START_SECONDS)
+    serve.add_argument("--init-seconds", type=_positive(float), default=DEFAULT_INIT_SECONDS,
+                       help="silent CPU-bound initialisation after loading, GPUs idle (default %g)"
+                            % DEFAULT_INIT_SECONDS)
+    serve.add_argument("--warmup-seconds", type=_positive(float), default=DEFAULT_WARMUP_SECONDS,
+                       help="warm-up: SGLang's first request with the port open and /health 503; vLLM's "
+                            "compilation warm-up with the port closed (default %g)" % DEFAULT_WARMUP_SECONDS)
+    serve.add_argument("--token-seconds", type=_positive(float), default=0.025,
+                       help="one decode step (a token for every running request), seconds (default 0.025)")
+    serve.add_argument("--prefill-seconds-per-token", type=_positive(float), default=0.0002,
+                       help="prefill cost per prompt token, seconds (default 0.0002)")
+    serve.add_argument("--quiet-load", action="store_true", help="no tqdm shard progress bars while loading")
+    serve.add_argument("--disable-cuda-graph", action="store_true",
+                       help="SGLang: no graph capture lines; initialisation is K2.6's silent Marlin JIT after "
+                            "'Using CompressedTensorsWNA16MarlinMoEMethod'")
+    serve.add_argument("--no-access-log", action="store_true", help="no uvicorn access-log line per request")
+    serve.add_argument("--fake-gpus", action="store_true",
+                       help="keep holder-<pid>.json files in $MODELWAKE_FAKE_GPU_DIR (default "
+                            "/run/modelwake-fake-gpu) for tests/fakes/nvidia-smi; create gpus.json if absent")
+    serve.add_argument("--gpu-memory-mib", type=_positive(int), default=76000,
+                       help="GPU memory each rank holds once loaded and its KV cache allocated (default 76000)")
+    serve.add_argument("--gpu-total-mib", type=_positive(int), default=97887,
+                       help="memory of each fake GPU when gpus.json is created (default 97887)")
+    serve.add_argument("--fake-gpu-count", type=_positive(int), default=8,
+                       help="GPUs in a newly created gpus.json (at least --tp; default 8)")
+    serve.add_argument("--fault", default=None, metavar="KIND:PHASE",
+                       help="inject a fault: KIND crash1 (traceback, exit 1), crash0 (vLLM's worker death, "
+                            "exit 0), hang (everything stops); PHASE starting|loading|initializing|warmup|ready")
+    serve.add_argument("--fault-after", type=_positive(float), default=0.0,
+                       help="seconds into PHASE before the fault fires (default 0; at the latest at the "
+                            "phase's end)")
+    serve.add_argument("--survive-parent-kill", action="store_true",
+                       help="ranks keep running when the API process is SIGKILLed (vLLM's orphans, #55510)")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "make-model":
+        try:
+            result = model.make_model(args.directory, args.size_mib, args.shards, args.quantization)
+        except model.ModelError as exc:
+            parser.error(str(exc))
+        if result["written"]:
+            print("modelwake_sim: wrote %d files in %s (%d MiB in %d shards, %s); kept %d"
+                  % (len(result["written"]), os.path.abspath(args.directory), args.size_mib, args.shards,
+                     args.quantization, len(result["kept"])))
+        else:
+            print("modelwake_sim: model %s already complete" % os.path.abspath(args.directory))
+        return 0
+    try:
+        args.fault = faults.Fault.parse(args.fault, args.fault_after)
+    except faults.FaultError as exc:
+        parser.error(str(exc))
+    if args.tp < 1:
+        parser.error("--tp must be at least 1 (got %d)" % args.tp)
+    if not 0 < args.port < 65536:
+        parser.error("--port must be between 1 and 65535 (got %d)" % args.port)
+    args.model_path = args.model_path.rstrip("/") or "/"
+    if args.engine == "sglang":
+        from .sglang import SGLangServer as server_class
+    else:
+        from .vllm import VLLMServer as server_class
+    return server_class(args).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,295 @@
+"""The work of a rank process (an SGLang scheduler or a vLLM worker): load, initialise, serve.
+
+A rank reads its slice of every shard for real (page cache dropped first, so /proc/<pid>/io
+read_bytes grows), burns CPU silently while "compiling", and then paces generation requests that
+the API process sends it, batching them like a real engine so throughput grows with concurrency.
+"""
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+from . import faults, logs, safetensors
+from .gpus import Holder, visible_gpu, fake_gpu_dir
+
+MIB = 1024 * 1024
+CHUNK = 1 * MIB
+HOLDER_INTERVAL = 0.25
+CONTEXT_MIB = 512
+WEIGHTS_SHARE = 0.8
+
+
+class RankCrash(Exception):
+    """A crash1 fault or a real loading error: (frames, exception line) to print as a traceback."""
+
+    def __init__(self, frames, exc_line):
+        Exception.__init__(self, exc_line)
+        self.frames = frames
+        self.exc_line = exc_line
+
+
+def set_title(title):
+    """What `ps -o comm` and /proc/<pid>/comm show (the kernel keeps 15 characters)."""
+    try:
+        with open("/proc/self/comm", "w") as fileobj:
+            fileobj.write(title[:15])
+    except OSError:
+        pass
+
+
+def send(fd, event):
+    """One JSON line to the API process; a single write under PIPE_BUF is atomic between writers."""
+    data = (json.dumps(event, separators=(",", ":")) + "\n").encode("utf-8")
+    try:
+        os.write(fd, data)
+    except OSError:
+        pass
+
+
+class Rank:
+    """State shared by the phases of one rank process."""
+
+    def __init__(self, opts, rank, logger, status_fd, request_fd, title, holder_name):
+        self.opts = opts
+        self.rank = rank
+        self.log = logger
+        self.status_fd = status_fd
+        self.request_fd = request_fd
+        self.parent = os.getppid()
+        self.holder = None
+        self.memory = 0.0
+        self.util = 0
+        self.last_holder = 0.0
+        self.children = []
+        set_title(title)
+        if opts.fake_gpus:
+            self.holder = Holder(fake_gpu_dir(), holder_name, visible_gpu(rank))
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        send(status_fd, {"ev": "hello", "pid": os.getpid(), "rank": rank})
+
+    # --- housekeeping -------------------------------------------------------------------------
+    def _on_sigterm(self, signum, frame):
+        for pid in self.children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if self.holder:
+            self.holder.remove()
+        os._exit(0)
+
+    def parent_gone(self):
+        """A rank whose API process died goes too, unless told to imitate vLLM's orphans (#55510)."""
+        return os.getppid() != self.parent and not self.opts.survive_parent_kill
+
+    def gpu(self, memory_mib=None, util=None, force=False):
+        if memory_mib is not None:
+            self.memory = memory_mib
+        if util is not None:
+            # A change of utilisation is written at once; memory climbing while loading is throttled.
+            force = force or util != self.util
+            self.util = util
+        now = time.monotonic()
+        if self.holder and (force or now - self.last_holder >= HOLDER_INTERVAL):
+            self.last_holder = now
+            self.holder.update(self.memory, self.util)
+
+    # --- faults -------------------------------------------------------------------------------
+    def check_fault(self, phase, started, phase_over=False):
+        fault = self.opts.fault
+        if fault is None or not fault.due(phase, time.monotonic() - started, phase_over):
+            return
+        if fault.kind == "hang":
+            self.hang()
+        if self.rank != 0:
+            return  # rank 0 crashes; the others are taken down with the tree
+        if fault.kind == "crash0":
+            os.kill(os.getpid(), signal.SIGKILL)
+        frames, exc_line = faults.CRASH_CAUSES[phase]
+        raise RankCrash(frames, exc_line)
+
+    def hang(self):
+        """Stop everything: no CPU, no reads, no output, no GPU-picture change. Only SIGTERM or the
+        API process's death ends it."""
+        while not self.parent_gone():
+            time.sleep(1.0)
+        os._exit(1)
+
+    def sleep(self, seconds, phase, started):
+        """Idle wait that still honours faults and the parent's death."""
+        end = time.monotonic() + seconds
+        while True:
+            self.check_fault(phase, started)
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            if self.parent_gone():
+                os._exit(1)
+            time.sleep(min(left, 0.1))
+
+    def burn(self, seconds, phase, started, duty=1.0, util_burst=False, spawn_compilers=False):
+        """Silent CPU work (JIT compilation, weight post-processing): a busy loop at `duty`."""
+        end = time.monotonic() + seconds
+        tick = 0
+        while True:
+            self.check_fault(phase, started)
+            now = time.monotonic()
+            if now >= end:
+                return
+            if self.parent_gone():
+                os._exit(1)
+            if util_burst:
+                self.gpu(util=85 if tick % 2 else 0)
+            if spawn_compilers and tick % 4 == 0:
+                self._spawn_compiler(min(0.3, end - now))
+            slice_end = min(end, now + 0.1 * duty)
+            while time.monotonic() < slice_end:
+                for _ in range(2000):
+                    pass
+            if duty < 1.0:
+                time.sleep(min(0.1 * (1 - duty), max(0.0, end - time.monotonic())))
+            self._reap_compilers()
+            tick += 1
+
+    def _spawn_compiler(self, seconds):
+        """A short-lived child burning CPU, like vLLM's g++ runs: its CPU time only shows up in the
+        parent's reaped-children counters (cutime/cstime)."""
+        code = "import time\nend=time.monotonic()+%f\nwhile time.monotonic()<end: pass\n" % seconds
+        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL)
+        self.children.append(proc.pid)
+        self._compilers = getattr(self, "_compilers", []) + [proc]
+
+    def _reap_compilers(self):
+        for proc in list(getattr(self, "_compilers", [])):
+            if proc.poll() is not None:
+                self._compilers.remove(proc)
+                self.children.remove(proc.pid)
+
+    # --- loading ------------------------------------------------------------------------------
+    def load_weights(self, shards, desc, show_bar):
+        """Read this rank's slice of every shard at load_rate/tp, checking each header first."""
+        opts = self.opts
+        started = time.monotonic()
+        rate = max(1.0, opts.load_rate_mib * MIB / opts.tp)
+        done_bytes = 0
+        target = opts.gpu_memory_mib * WEIGHTS_SHARE
+        buf = bytearray(CHUNK)
+        if show_bar and not opts.quiet_load:
+            self.log.progress(logs.format_tqdm(desc, 0, len(shards), 0.0))
+        total_slice = 0
+        for index, path in enumerate(shards):
+            self.check_fault("loading", started)
+            try:
+                with open(path, "rb") as fileobj:
+                    size = os.fstat(fileobj.fileno()).st_size
+                    header, data_start = safetensors.read_header(fileobj, size)
+                    length = size - data_start
+                    lo = data_start + length * self.rank // opts.tp
+                    hi = data_start + length * (self.rank + 1) // opts.tp
+                    fd = fileobj.fileno()
+                    # Drop this slice from the page cache so the read reaches the disk and
+                    # read_bytes grows, as with a cold 548 GB model.
+                    os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
+                    offset = lo
+                    while offset < hi:
+                        want = min(CHUNK, hi - offset)
+                        got = os.preadv(fd, [memoryview(buf)[:want]], offset)
+                        if got <= 0:
+                            break
+                        offset += got
+                        done_bytes += got
+                        total_slice += got
+                        # Pace to the configured rate: the sleep is what makes a slow disk.
+                        ahead = started + done_bytes / rate - time.monotonic()
+                        if ahead > 0:
+                            time.sleep(ahead)
+                        fraction = (index + (offset - lo) / max(1, hi - lo)) / len(shards)
+                        self.gpu(memory_mib=CONTEXT_MIB + (target - CONTEXT_MIB) * fraction, util=2)
+                        self.check_fault("loading", started)
+                        if self.parent_gone():
+                            os._exit(1)
+            except safetensors.SafetensorError as exc:
+                site = "/opt/modelwake/venv/lib/python3.11/site-packages/"
+                loader = "vllm/model_executor" if self.log.engine == logs.VLLM else "sglang/srt"
+                frames = [
+                    (site + loader + "/model_loader/loader.py", 449, "load_weights",
+                     "model.load_weights(self._get_all_weights(model_config, model))"),
+                    (site + loader + "/model_loader/weight_utils.py", 682, "safetensors_weights_iterator",
+                     "with safe_open(st_file, framework=\"pt\") as f:"),
+                ]
+                raise RankCrash(frames, "safetensors_rust.SafetensorError: %s" % exc)
+            if show_bar and not opts.quiet_load:
+                self.log.progress(logs.format_tqdm(desc, index + 1, len(shards), time.monotonic() - started))
+        self.gpu(memory_mib=target, util=0, force=True)
+        self.check_fault("loading", started, phase_over=True)
+        return time.monotonic() - started
+
+    # --- serving ------------------------------------------------------------------------------
+    def serve(self, warmup=None):
+        """Answer generation requests from the API process until SIGTERM.
+
+        `warmup` (SGLang): callable run before the first request is answered.
+        Requests: {"cmd": "gen", "id", "n", "prompt_tokens", "quiet"} and {"cmd": "ready"}.
+        """
+        opts = self.opts
+        active = []  # [id, remaining, total]
+        pending = b""
+        ready_since = None if warmup else time.monotonic()
+        warmed = warmup is None
+        while True:
+            if ready_since is not None:
+                self.check_fault("ready", ready_since)
+            if self.parent_gone():
+                os._exit(1)
+            timeout = 0 if active else 1.0
+            readable, _, _ = select.select([self.request_fd], [], [], timeout)
+            new = []
+            if readable:
+                chunk = os.read(self.request_fd, 65536)
+                if not chunk:
+                    os._exit(0)  # the API process closed its end: it is gone
+                pending += chunk
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    msg = json.loads(line.decode("utf-8"))
+                    if msg["cmd"] == "ready":
+                        ready_since = time.monotonic()
+                    else:
+                        new.append(msg)
+            if new:
+                if not warmed:
+                    warmup()
+                    warmed = True
+                loud = [m for m in new if not m.get("quiet")]
+                if loud and self.log.engine == logs.SGLANG:
+                    self.log.info("Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: 0, token usage: 0.00, "
+                                  "#running-req: %d, #queue-req: 0, " % (len(loud), sum(m["prompt_tokens"] for m in loud),
+                                                                        len(active)))
+                time.sleep(opts.prefill_seconds_per_token * sum(m["prompt_tokens"] for m in new))
+                for msg in new:
+                    if msg["n"] <= 0:
+                        send(self.status_fd, {"ev": "gen", "id": msg["id"], "ntok": 0})
+                    else:
+                        active.append([msg["id"], msg["n"], msg["n"]])
+            if active:
+                self.gpu(util=90)
+                # One decode step yields a token for every running request; a bigger batch makes the
+                # step a little slower, so throughput grows sub-linearly with concurrency.
+                time.sleep(opts.token_seconds * (1 + 0.02 * (len(active) - 1)))
+                for item in active:
+                    item[1] -= 1
+                for item in [a for a in active if a[1] <= 0]:
+                    active.remove(item)
+                    send(self.status_fd, {"ev": "gen", "id": item[0], "ntok": item[2]})
+            else:
+                self.gpu(util=0)
+
+
+def shard_paths(model_path):
+    """The checkpoint's shards in file order (what the loaders glob)."""
+    names = sorted(n for n in os.listdir(model_path) if n.endswith(".safetensors"))
+    return [os.path.join(model_path, n) for n in names]

@@ -1,0 +1,177 @@
+"""SGLang's start-up: schedulers load and initialise, then uvicorn binds, then the warm-up request."""
+import os
+import signal
+import threading
+import time
+import urllib.request
+
+from . import engine, faults, logs, ranks
+
+DESC = "Loading safetensors checkpoint shards"
+
+
+class SGLangServer(engine.ApiServer):
+    """`python -m sglang.launch_server`, scaled down."""
+
+    def run(self):
+        opts = self.opts
+        self._startup_pause()
+        self.log.info(engine.server_args_line(opts))
+        problem = self._check_model()
+        if problem:
+            self.log.traceback(*problem)
+            return 1
+        # SGLang only binds when uvicorn starts; check now so a port conflict does not cost a load.
+        self._bind().close()
+        self._ensure_gpus()
+        self._setup_pipes_and_signals()
+        signal.signal(signal.SIGQUIT, self._on_sigquit)
+        for rank in range(opts.tp):
+            self._fork(lambda rank=rank: self._scheduler(rank))
+        self._after_fork()
+        ready_ranks = set()
+        while True:
+            event = self.events.get()
+            kind = event.get("ev")
+            if kind == "init_done":
+                ready_ranks.add(event["rank"])
+                if len(ready_ranks) == opts.tp:
+                    self._open_port()
+            elif kind == "warmup_done":
+                self.state = "ready"
+                self._tell_rank0({"cmd": "ready"})
+                self.log.info("The server is fired up and ready to roll!")
+            elif kind == "warmup_failed":
+                self.log.error("Initialization failed. warmup error: %s" % event.get("error", ""))
+                self._die(1)
+            elif kind == "exit" and event["code"] != 0:
+                # A scheduler that vanished without SIGQUIT (killed, or crash0): say which and leave.
+                rank = self.children.index(event["pid"]) if event["pid"] in self.children else 0
+                self.log.error("Rank %d scheduler is dead. Please check if there are relevant logs." % rank)
+                self.log.error("Exit code: %d" % event["code"])
+                self._die(0)
+            elif kind == "eof":
+                self._die(0, kill=False)
+
+    def _on_sigquit(self, signum, frame):
+        self.log.error("Received sigquit from a child proces. It usually means the child failed.")
+        self._die(1)
+
+    def _open_port(self):
+        self.state = "warmup"
+        self.sock = self._bind()
+        self.log.uvicorn("Started server process [%d]" % os.getpid())
+        self.log.uvicorn("Waiting for application startup.")
+        self.log.uvicorn("Application startup complete.")
+        self._start_http()
+        self.log.uvicorn("Uvicorn running on http://%s:%d (Press CTRL+C to quit)" % (self.opts.host, self.opts.port))
+        threading.Thread(target=self._warmup, daemon=True).start()
+
+    def _warmup(self):
+        """`_wait_and_warmup`: poll /get_model_info, then one real /generate (600 s timeout)."""
+        base = "http://%s:%d" % (self.opts.host if ":" not in self.opts.host else "[%s]" % self.opts.host, self.opts.port)
+        headers = {"Authorization": "Bearer " + self.api_key} if self.api_key else {}
+        try:
+            for _ in range(120):
+                try:
+                    req = urllib.request.Request(base + "/get_model_info", headers=headers)
+                    urllib.request.urlopen(req, timeout=5).read()
+                    break
+                except OSError:
+                    time.sleep(1)
+            body = b'{"text": "The capital city of France is", "sampling_params": {"temperature": 0, "max_new_tokens": 8}}'
+            req = urllib.request.Request(base + "/generate", data=body, method="POST",
+                                         headers=dict(headers, **{"Content-Type": "application/json"}))
+            urllib.request.urlopen(req, timeout=600).read()
+        except Exception as exc:  # any failure of the warm-up request is fatal in SGLang too
+            self.events.put({"ev": "warmup_failed", "error": "%s: %s" % (type(exc).__name__, exc)})
+            return
+        self.events.put({"ev": "warmup_done"})
+
+    # --- the scheduler process ------------------------------------------------------------------
+    def _scheduler(self, rank):
+        opts = self.opts
+        log = logs.Logger("sglang", rank=rank)
+        request_fd = self.request_r if rank == 0 else None
+        if rank != 0:
+            os.close(self.request_r)
+        title = "sglang::scheduler_TP%d" % rank
+        r = ranks.Rank(opts, rank, log, self.status_w, request_fd, title, title)
+        try:
+            return self._scheduler_phases(r, log)
+        except ranks.RankCrash as crash:
+            log.traceback(crash.frames, crash.exc_line, header="Scheduler hit an exception: ",
+                          intro="Traceback (most recent call last):")
+            os.kill(os.getppid(), signal.SIGQUIT)
+            # The API process now kills the whole tree; wait for it rather than race it with an exit.
+            time.sleep(5)
+            return 1
+
+    def _scheduler_phases(self, r, log):
+        opts = self.opts
+        total = opts.gpu_total_mib / engine.GB
+        started = time.monotonic()
+        log.info("Init torch distributed begin.")
+        r.sleep(opts.start_seconds * 0.3, "starting", started)
+        r.gpu(memory_mib=ranks.CONTEXT_MIB, util=0, force=True)
+        log.info("Init torch distributed ends. mem usage=%.2f GB" % (ranks.CONTEXT_MIB / engine.GB))
+        log.info("Multimodal attention backend not set. Use triton_attn.")
+        log.info("Using triton_attn as multimodal attention backend.")
+        r.sleep(opts.start_seconds * 0.3, "starting", started)
+        r.check_fault("starting", started, phase_over=True)
+
+        avail = total - ranks.CONTEXT_MIB / engine.GB
+        log.info("Load weight begin. avail mem=%.2f GB" % avail)
+        shards = ranks.shard_paths(opts.model_path)
+        elapsed = r.load_weights(shards, DESC, show_bar=(r.rank == 0))
+        weights = opts.gpu_memory_mib * ranks.WEIGHTS_SHARE / engine.GB
+        log.info("Load weight end. elapsed=%.2f s, type=DeepseekV3ForCausalLM, quant=compressed-tensors, "
+                 "dtype=torch.bfloat16, avail mem=%.2f GB, mem usage=%.2f GB." % (elapsed, total - weights, weights))
+
+        init_started = time.monotonic()
+        kv = opts.gpu_memory_mib * (1 - ranks.WEIGHTS_SHARE) / engine.GB
+        tokens = int(kv * 1024 * 1024 / 70)
+        log.info("Using KV cache dtype: torch.bfloat16")
+        log.info("KV Cache is allocated. #tokens: %d, KV size: %.2f GB" % (tokens, kv))
+        r.gpu(memory_mib=opts.gpu_memory_mib, util=0, force=True)
+        log.info("Memory pool end. avail mem=%.2f GB" % (total - opts.gpu_memory_mib / engine.GB))
+        duty = 1.0 if r.rank == 0 else 0.2
+        if opts.disable_cuda_graph:
+            # K2.6: the Marlin MoE kernels are JIT-compiled, with no log output and idle GPUs.
+            log.info("Using CompressedTensorsWNA16MarlinMoEMethod")
+            r.burn(opts.init_seconds, "initializing", init_started, duty=duty)
+        else:
+            log.info("Capture cuda graph begin. This can take up to several minutes. avail mem=%.2f GB"
+                     % (total - opts.gpu_memory_mib / engine.GB))
+            sizes = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+            log.info("Capture cuda graph bs %s" % sizes)
+            for i, bs in enumerate(reversed(sizes)):
+                if r.rank == 0:
+                    log.progress("Capturing batches (bs=%d avail_mem=%.2f GB): %3d%%|%s| %d/%d"
+                                 % (bs, total - opts.gpu_memory_mib / engine.GB, 100 * i // len(sizes),
+                                    "#" * i, i, len(sizes)))
+                r.burn(opts.init_seconds / len(sizes), "initializing", init_started, duty=duty)
+            log.info("Capture cuda graph end. Time elapsed: %.2f s. mem usage=%.2f GB. avail mem=%.2f GB."
+                     % (time.monotonic() - init_started, 0.5, total - opts.gpu_memory_mib / engine.GB))
+        r.check_fault("initializing", init_started, phase_over=True)
+        if r.rank == 0:
+            log.info("max_total_num_tokens=%d, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+                     "max_running_requests=64, context_len=%d, available_gpu_mem=%.2f GB"
+                     % (tokens, engine.MAX_MODEL_LEN, total - opts.gpu_memory_mib / engine.GB))
+        ranks.send(self.status_w, {"ev": "init_done", "rank": r.rank})
+        if r.rank != 0:
+            # Other ranks follow rank 0's batches over NCCL; here they simply wait, idle.
+            while not r.parent_gone():
+                time.sleep(1.0)
+            return 1
+
+        def warmup():
+            warm_started = time.monotonic()
+            r.burn(opts.warmup_seconds, "warmup", warm_started, duty=0.5, util_burst=True)
+            r.check_fault("warmup", warm_started, phase_over=True)
+
+        r.serve(warmup=warmup)
+        return 0
+
+
+__all__ = ["SGLangServer", "faults"]
