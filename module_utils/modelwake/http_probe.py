@@ -112,7 +112,7 @@ def probe_ready(base_url, ready_check="completion", model=None, api_key=None,
     if ready_check == "health":
         found["ready"] = health["kind"] == "status" and health["code"] == 200
         return found
-    if health["kind"] == "status" and health["code"] == 503:
+    if ready_check == "completion" and health["kind"] == "status" and health["code"] == 503:
         # SGLang warming up (or vLLM's dead engine): a completion would only wait or fail.
         return found
     if ready_check == "models" or model is None:

@@ -130,10 +130,13 @@ class TreeCounter(object):
 
     def update(self, processes):
         """Fold one poll's {pid: info} into the totals; return (cpu_seconds, read_bytes or None)."""
-        seen = set()
-        for info in processes.values():
-            key = "%d:%d" % (info["pid"], info["starttime"])
-            seen.add(key)
+        keys = dict(("%d:%d" % (info["pid"], info["starttime"]), info) for info in processes.values())
+        # Processes gone since the last poll first: their reaper's increase may be in this poll.
+        for key in [k for k in self.last if k not in keys]:
+            gone = self.last.pop(key)
+            self.cpu_debt += gone["own"] + gone["reaped"]
+            self.read_debt += gone["rbytes"] or 0
+        for key, info in keys.items():
             prev = self.last.get(key)
             own = info["own_ticks"]
             reaped = info["child_ticks"]
@@ -151,10 +154,6 @@ class TreeCounter(object):
                     self.read_bytes += self._pay(max(0, rbytes - prev["rbytes"]), "read_debt")
                     self.read_bytes_known = True
             self.last[key] = {"own": own, "reaped": reaped, "rbytes": rbytes}
-        for key in [k for k in self.last if k not in seen]:
-            gone = self.last.pop(key)
-            self.cpu_debt += gone["own"] + gone["reaped"]
-            self.read_debt += gone["rbytes"] or 0
         return (self.cpu_ticks / float(CLK_TCK), self.read_bytes if self.read_bytes_known else None)
 
     def _pay(self, increase, debt_name):

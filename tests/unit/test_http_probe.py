@@ -1,0 +1,169 @@
+"""http_probe against a real http.server on loopback: refused, 503, 200, timeout, reset, auth."""
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from modelwake import http_probe
+
+SECRET = "sk-test-do-not-log-3f9a"
+
+
+class Server(object):
+    """A loopback server whose answers the test scripts: routes[(method, path)] = (code, body) | "hang" | "reset"."""
+
+    def __init__(self):
+        self.routes = {}
+        self.seen = []
+        self.release = threading.Event()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _answer(self, method):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                owner.seen.append({"method": method, "path": self.path, "headers": dict(self.headers),
+                                   "body": json.loads(body) if body else None})
+                route = owner.routes.get((method, self.path), (404, {"error": "not found"}))
+                if route == "hang":
+                    owner.release.wait(10)
+                    return
+                if route == "reset":
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                    self.connection.close()
+                    return
+                code, payload = route
+                data = json.dumps(payload).encode() if not isinstance(payload, bytes) else payload
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._answer("GET")
+
+            def do_POST(self):
+                self._answer("POST")
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = "http://127.0.0.1:%d" % self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05})
+        self.thread.start()
+
+    def close(self):
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join()
+
+
+@pytest.fixture
+def server():
+    srv = Server()
+    yield srv
+    srv.close()
+
+
+def closed_port():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+def test_refused_when_nothing_listens():
+    result = http_probe.request("http://127.0.0.1:%d/health" % closed_port())
+    assert result["kind"] == "refused"
+    found = http_probe.probe_ready("http://127.0.0.1:%d" % closed_port())
+    assert found["listening"] is False and found["ready"] is False and found["models"] is None
+
+
+def test_status_codes_and_bodies(server):
+    server.routes[("GET", "/health")] = (503, {"detail": "starting"})
+    result = http_probe.request(server.url + "/health")
+    assert (result["kind"], result["code"]) == ("status", 503)
+    assert "starting" in result["body"]
+    server.routes[("GET", "/health")] = (200, b"")
+    assert http_probe.request(server.url + "/health")["code"] == 200
+
+
+def test_slow_answer_is_a_timeout(server):
+    server.routes[("GET", "/health")] = "hang"
+    result = http_probe.request(server.url + "/health", timeout=0.3)
+    assert result["kind"] == "timeout" and "0.3" in result["error"]
+
+
+def test_reset_connection_is_an_error_with_text(server):
+    server.routes[("GET", "/health")] = "reset"
+    result = http_probe.request(server.url + "/health")
+    assert result["kind"] == "error" and result["error"]
+
+
+def test_api_key_is_sent_as_bearer_and_never_returned(server):
+    server.routes[("GET", "/health")] = (200, b"")
+    server.routes[("GET", "/v1/models")] = (200, {"data": [{"id": "kimi"}]})
+    server.routes[("POST", "/v1/completions")] = (200, {"choices": [{"text": "4"}]})
+    found = http_probe.probe_ready(server.url, api_key=SECRET)
+    assert found["ready"] is True and found["model"] == "kimi"
+    assert all(req["headers"]["Authorization"] == "Bearer " + SECRET for req in server.seen)
+    assert SECRET not in json.dumps(found)
+
+
+def test_completion_check_resolves_the_model_and_sends_the_agreed_request(server):
+    server.routes[("GET", "/health")] = (200, b"")
+    server.routes[("GET", "/v1/models")] = (200, {"object": "list", "data": [{"id": "/root/models/Kimi-K2.6"}, {"id": "x"}]})
+    server.routes[("POST", "/v1/completions")] = (200, {"choices": [{"text": " 4"}]})
+    found = http_probe.probe_ready(server.url + "/")
+    assert found["ready"] is True
+    post = [req for req in server.seen if req["method"] == "POST"][0]
+    assert post["path"] == "/v1/completions"
+    assert post["body"] == {"model": "/root/models/Kimi-K2.6", "prompt": "2+2=", "max_tokens": 4, "temperature": 0}
+
+
+def test_given_model_skips_the_model_list(server):
+    server.routes[("GET", "/health")] = (200, b"")
+    server.routes[("POST", "/v1/completions")] = (200, {"choices": [{"text": "4"}]})
+    assert http_probe.probe_ready(server.url, model="tiny")["ready"] is True
+    assert [req["path"] for req in server.seen] == ["/health", "/v1/completions"]
+
+
+def test_sglang_warming_up_models_200_is_not_ready_unless_models_is_the_check(server):
+    server.routes[("GET", "/health")] = (503, b"")
+    server.routes[("GET", "/v1/models")] = (200, {"data": [{"id": "kimi"}]})
+    found = http_probe.probe_ready(server.url)
+    assert found["listening"] is True and found["ready"] is False
+    assert found["completion"] is None  # not asked while /health says 503
+    # ready_check=models believes the static list (documented: SGLang answers it before ready).
+    assert http_probe.probe_ready(server.url, ready_check="models")["ready"] is True
+    assert http_probe.probe_ready(server.url, ready_check="health")["ready"] is False
+
+
+def test_vllm_hung_engine_health_200_but_completion_times_out(server):
+    server.routes[("GET", "/health")] = (200, b"")
+    server.routes[("POST", "/v1/completions")] = "hang"
+    found = http_probe.probe_ready(server.url, model="tiny", completion_timeout=0.3)
+    assert found["health"]["code"] == 200
+    assert found["completion"]["kind"] == "timeout"
+    assert found["ready"] is False
+    assert http_probe.probe_ready(server.url, ready_check="health")["ready"] is True
+
+
+@pytest.mark.parametrize("answer", [(200, {"choices": []}), (200, b"not json"), (404, {"error": "model not found"})])
+def test_completion_without_choices_is_not_ready(server, answer):
+    server.routes[("GET", "/health")] = (200, b"")
+    server.routes[("POST", "/v1/completions")] = answer
+    assert http_probe.probe_ready(server.url, model="m")["ready"] is False
+
+
+def test_describe():
+    assert http_probe.describe({"kind": "status", "code": 503}) == "503"
+    assert http_probe.describe({"kind": "refused"}) == "refused"
+    assert http_probe.describe({"kind": "timeout", "error": "no answer in 5 s"}) == "timeout (no answer in 5 s)"
