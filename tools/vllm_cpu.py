@@ -443,7 +443,9 @@ def record(model_dir, log_path, trace_path, fault="none", enforce_eager=False, d
                                  env=engine_env(), start_new_session=True)
 
         def write(**record):
-            record = dict(t=round(time.monotonic() - started, 2), **record)
+            # Absent means null (no HTTP status, no error, not exited): keeps the fixtures small.
+            record = dict(t=round(time.monotonic() - started, 2),
+                          **{key: value for key, value in record.items() if value is not None})
             trace.write(json.dumps(record, separators=(",", ":")) + "\n")
             trace.flush()
             return record
@@ -457,7 +459,9 @@ def record(model_dir, log_path, trace_path, fault="none", enforce_eager=False, d
                 tree = process_tree(popen.pid)
                 status, detail = http(base_url + "/health", timeout=0.5)
                 sample = write(procs=tree, listening=listening(port), health=status,
-                               health_error=None if status else detail, log_lines=log_line_count(log_path),
+                               # the exception's class is what tells refused from timed out
+                               health_error=None if status else detail.partition(":")[0],
+                               log_lines=log_line_count(log_path),
                                exit=popen.poll())
                 if sample["exit"] is not None:
                     break
