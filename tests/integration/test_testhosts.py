@@ -7,6 +7,7 @@ distinct from the demo host and the Molecule scenarios.
 import ipaddress
 import json
 import os
+import signal
 import subprocess
 
 import pytest
@@ -42,7 +43,12 @@ def guest_mounts(name):
 
 
 def pid_alive(pid):
-    return os.path.exists("/proc/%d" % pid)
+    """True while pid runs (a zombie has exited: nothing here may reap it)."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +134,27 @@ def test_down_leaves_nothing_behind(guest):
     assert not os.path.exists("/sys/class/net/vb-" + name)
     # The other guest still runs, so the bridge stays for it.
     assert in_guest(guest, "systemctl is-system-running") == "running"
+
+
+def test_down_after_the_supervisor_and_nspawn_were_killed_leaves_nothing():
+    # What an interrupted run can leave: a SIGKILLed nspawn does not take its guest with it.
+    name = "mwt-orphan"
+    try:
+        tool("up", name)
+        before = status()[name]
+        with open("/proc/%d/task/%d/children" % (before["nspawn_pid"], before["nspawn_pid"])) as handle:
+            guest_init = int(handle.read().split()[0])
+        os.kill(before["supervisor_pid"], signal.SIGKILL)
+        os.kill(before["nspawn_pid"], signal.SIGKILL)
+        assert pid_alive(guest_init)
+        assert status()[name]["state"] == "orphaned"
+    finally:
+        tool("down", name)
+
+    assert name not in status()
+    assert not pid_alive(guest_init)
+    assert guest_mounts(name) == []
+    assert not os.path.exists("/sys/class/net/vb-" + name)
 
 
 @pytest.mark.parametrize("args, complaint", [
