@@ -1,0 +1,397 @@
+"""The simulated engine as a real process: ports, HTTP semantics, process tree, disk reads, faults.
+
+Every engine is started in its own session on a free loopback port, with a tiny model and short
+phases, and killed by process group in a finalizer whatever the test's outcome.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SIM_PATH = os.path.join(ROOT, "engines", "sim")
+NVIDIA_SMI = os.path.join(ROOT, "tests", "fakes", "nvidia-smi")
+FAST = ["--start-seconds", "0.2", "--init-seconds", "0.6", "--warmup-seconds", "0.6", "--load-rate-mib", "64"]
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def sim_env(extra=None):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = SIM_PATH
+    env.pop("MODELWAKE_API_KEY", None)
+    env.update(extra or {})
+    return env
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model")
+    subprocess.run([sys.executable, "-m", "modelwake_sim", "make-model", str(path), "--size-mib", "32",
+                    "--shards", "8"], env=sim_env(), check=True, stdout=subprocess.DEVNULL)
+    return str(path)
+
+
+class Sim:
+    """One running engine: its process, port, log file."""
+
+    def __init__(self, proc, port, log_path):
+        self.proc = proc
+        self.port = port
+        self.log_path = log_path
+
+    @property
+    def url(self):
+        return "http://127.0.0.1:%d" % self.port
+
+    def log(self):
+        with open(self.log_path, encoding="utf-8", errors="replace", newline="") as fileobj:
+            return fileobj.read()
+
+    def wait_log(self, text, timeout=15):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.log():
+                return
+            if self.proc.poll() is not None and text not in self.log():
+                break
+            time.sleep(0.05)
+        raise AssertionError("%r not logged within %ss; log:\n%s" % (text, timeout, self.log()[-3000:]))
+
+    def wait_exit(self, timeout=15):
+        return self.proc.wait(timeout=timeout)
+
+    def tree(self):
+        return descendants(self.proc.pid)
+
+
+@pytest.fixture
+def start_sim(tmp_path):
+    started = []
+
+    def start(engine, model, *extra, env=None, port=None):
+        port = port or free_port()
+        log_path = str(tmp_path / ("sim-%d.log" % len(started)))
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "modelwake_sim", "serve", "--engine", engine, "--model-path", model,
+                 "--host", "127.0.0.1", "--port", str(port)] + FAST + list(extra),
+                stdout=log, stderr=subprocess.STDOUT, env=sim_env(env), start_new_session=True)
+        sim = Sim(proc, port, log_path)
+        started.append(sim)
+        return sim
+
+    yield start
+    for sim in started:
+        try:
+            os.killpg(sim.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        sim.proc.wait(timeout=10)
+
+
+def http(url, body=None, headers=None, timeout=5):
+    """(status, parsed body or text); a refused connection raises ConnectionRefusedError."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers=dict(headers or {}, **{"Content-Type": "application/json"}))
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw, code = resp.read(), resp.status
+    except urllib.error.HTTPError as exc:
+        raw, code = exc.read(), exc.code
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, ConnectionRefusedError):
+            raise exc.reason
+        raise
+    try:
+        return code, json.loads(raw or b"null")
+    except ValueError:
+        return code, raw.decode()
+
+
+def port_open(port):
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def descendants(pid):
+    parents = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open("/proc/%s/stat" % name) as fileobj:
+                    ppid = int(fileobj.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def proc_field(pid, name):
+    if name == "comm":
+        with open("/proc/%d/comm" % pid) as fileobj:
+            return fileobj.read().strip()
+    with open("/proc/%d/io" % pid) as fileobj:
+        for line in fileobj:
+            key, _, value = line.partition(":")
+            if key == name:
+                return int(value)
+    raise KeyError(name)
+
+
+def cpu_ticks(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open("/proc/%d/stat" % pid) as fileobj:
+                fields = fileobj.read().rsplit(")", 1)[1].split()
+            total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+        except OSError:
+            pass
+    return total
+
+
+def wait_until(check, timeout=15, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("%s not reached within %ss" % (what, timeout))
+
+
+def test_sglang_port_closed_while_loading_then_models_before_health_then_answers(model_dir, start_sim):
+    sim = start_sim("sglang", model_dir, "--load-rate-mib", "16", "--warmup-seconds", "1.5")
+    sim.wait_log("Load weight begin.")
+    with pytest.raises(ConnectionRefusedError):
+        http(sim.url + "/health")
+    sim.wait_log("Uvicorn running on http://127.0.0.1:%d" % sim.port)
+    # The trap: /v1/models and /get_model_info answer while /health still says 503.
+    assert http(sim.url + "/v1/models")[0] == 200
+    assert http(sim.url + "/get_model_info")[0] == 200
+    assert http(sim.url + "/health")[0] == 503
+    code, body = http(sim.url + "/v1/completions", {"model": model_dir, "prompt": "2+2=", "max_tokens": 4})
+    assert code == 503
+    sim.wait_log("The server is fired up and ready to roll!")
+    assert http(sim.url + "/health")[0] == 200
+    code, body = http(sim.url + "/v1/completions",
+                      {"model": model_dir, "prompt": "2+2=", "max_tokens": 4, "temperature": 0})
+    assert code == 200
+    assert "4" in body["choices"][0]["text"]
+    assert body["usage"]["completion_tokens"] >= 1 and body["usage"]["prompt_tokens"] >= 1
+    log = sim.log()
+    assert "\rLoading safetensors checkpoint shards: 100% Completed | 8/8 [" in log
+    order = [log.index(s) for s in ("server_args=ServerArgs(", "Init torch distributed begin.",
+                                    "Load weight begin. avail mem=", "Load weight end. elapsed=",
+                                    "KV Cache is allocated. #tokens:", "max_total_num_tokens=",
+                                    "INFO:     Uvicorn running on", '"GET /get_model_info HTTP/1.1" 200 OK',
+                                    '"POST /generate HTTP/1.1" 200 OK', "The server is fired up and ready to roll!")]
+    assert order == sorted(order)
+
+
+def test_sglang_schedulers_are_titled_children(model_dir, start_sim):
+    sim = start_sim("sglang", model_dir, "--tp", "2", "--load-rate-mib", "8")
+    sim.wait_log("Load weight begin.")
+    comms = sorted(proc_field(pid, "comm") for pid in sim.tree())
+    assert comms == ["sglang::schedul", "sglang::schedul"]
+
+
+def test_vllm_grandchild_reads_the_weights_and_health_is_up_when_listening(model_dir, start_sim):
+    sim = start_sim("vllm", model_dir, "--load-rate-mib", "16", "--served-model-name", "k26")
+    sim.wait_log("Starting to load model")
+    worker = wait_until(lambda: [p for p in sim.tree() if proc_field(p, "comm") == "VLLM::Worker"], what="worker")[0]
+    core = [p for p in sim.tree() if proc_field(p, "comm") == "VLLM::EngineCor"][0]
+    assert worker in descendants(core) and core in descendants(sim.proc.pid)
+    first = proc_field(worker, "read_bytes")
+    wait_until(lambda: proc_field(worker, "read_bytes") > first + 4 * 1024 * 1024, what="read_bytes growth")
+    assert not port_open(sim.port)  # bound early but not listening
+    sim.wait_log("Application startup complete.")
+    wait_until(lambda: port_open(sim.port), what="listening")
+    assert http(sim.url + "/health")[0] == 200
+    assert http(sim.url + "/v1/models")[1]["data"][0]["id"] == "k26"
+    code, body = http(sim.url + "/v1/chat/completions",
+                      {"model": "k26", "messages": [{"role": "user", "content": "2+2="}], "max_tokens": 4})
+    assert code == 200 and "4" in body["choices"][0]["message"]["content"]
+    assert http(sim.url + "/v1/completions", {"model": "other", "prompt": "x"})[0] == 404
+    log = sim.log()
+    assert "(Worker pid=%d) \rLoading safetensors checkpoint shards: 100%% Completed | 8/8" % worker in log
+    assert "Loading weights took" in log and "init engine (profile, create kv cache, warmup model) took" in log
+
+
+def test_vllm_truncated_shard_fails_with_the_safetensors_root_cause(model_dir, tmp_path, start_sim):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in os.listdir(model_dir):
+        os.symlink(os.path.join(model_dir, name), str(broken / name))
+    victim = broken / "model-00004-of-00008.safetensors"
+    victim.unlink()
+    with open(os.path.join(model_dir, victim.name), "rb") as src:
+        victim.write_bytes(src.read(1000000))
+    sim = start_sim("vllm", str(broken))
+    assert sim.wait_exit() == 1
+    log = sim.log()
+    assert ("safetensors_rust.SafetensorError: Error while deserializing header: "
+            "incomplete metadata, file not fully covered") in log
+    assert "RuntimeError: Engine core initialization failed. See root cause above." in log
+    assert log.index("SafetensorError") < log.index("RuntimeError: Engine core initialization failed")
+    assert not sim.tree()
+
+
+def test_missing_config_fails_like_the_engine(tmp_path, start_sim):
+    sim = start_sim("sglang", str(tmp_path))
+    assert sim.wait_exit() == 1
+    assert "does not appear to have a file named config.json" in sim.log()
+    sim = start_sim("vllm", str(tmp_path))
+    assert sim.wait_exit() == 1
+    assert "Invalid repository ID or local directory specified" in sim.log()
+
+
+def test_vllm_crash0_exits_zero_after_the_worker_died(model_dir, start_sim):
+    sim = start_sim("vllm", model_dir, "--fault", "crash0:loading", "--fault-after", "0.1")
+    assert sim.wait_exit() == 0
+    log = sim.log()
+    assert "Worker proc VllmWorker-0 died unexpectedly (exit code: -9)" in log
+    assert "EngineDeadError" in log
+
+
+def test_crash1_in_starting_exits_one_with_a_traceback(model_dir, start_sim):
+    sim = start_sim("sglang", model_dir, "--fault", "crash1:starting")
+    assert sim.wait_exit() == 1
+    log = sim.log()
+    assert "Scheduler hit an exception: Traceback (most recent call last):" in log
+    assert "AttributeError: type object 'CompressionFormat' has no attribute 'nvfp4_pack_quantized'" in log
+    assert "Received sigquit from a child proces. It usually means the child failed." in log
+
+
+def test_hang_while_loading_stops_cpu_reads_and_output(model_dir, start_sim):
+    sim = start_sim("sglang", model_dir, "--load-rate-mib", "16", "--fault", "hang:loading", "--fault-after", "0.3")
+    sim.wait_log("Load weight begin.")
+    time.sleep(0.8)
+    pids = [sim.proc.pid] + sim.tree()
+    ticks, size = cpu_ticks(pids), len(sim.log())
+    reads = sum(proc_field(p, "read_bytes") for p in sim.tree())
+    time.sleep(1.5)
+    assert cpu_ticks(pids) - ticks <= 3  # scheduler ticks of a sleeping tree, not a busy loop
+    assert sum(proc_field(p, "read_bytes") for p in sim.tree()) == reads
+    assert len(sim.log()) == size
+    assert sim.proc.poll() is None and not port_open(sim.port)
+
+
+def test_silent_init_burns_cpu_without_output(model_dir, start_sim):
+    sim = start_sim("sglang", model_dir, "--disable-cuda-graph", "--init-seconds", "3")
+    sim.wait_log("Using CompressedTensorsWNA16MarlinMoEMethod")
+    pids = [sim.proc.pid] + sim.tree()
+    ticks, size = cpu_ticks(pids), len(sim.log())
+    time.sleep(1.0)
+    # A busy loop: well above the ~0 ticks of a sleeping tree even on a shared 2-core machine.
+    assert cpu_ticks(pids) - ticks >= 15
+    assert len(sim.log()) == size
+
+
+def test_vllm_stopped_worker_keeps_health_but_completions_hang(model_dir, start_sim):
+    sim = start_sim("vllm", model_dir)
+    sim.wait_log("Application startup complete.")
+    wait_until(lambda: port_open(sim.port), what="listening")
+    worker = [p for p in sim.tree() if proc_field(p, "comm") == "VLLM::Worker"][0]
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        assert http(sim.url + "/health")[0] == 200
+        with pytest.raises(socket.timeout):
+            http(sim.url + "/v1/completions", {"model": model_dir, "prompt": "2+2=", "max_tokens": 4}, timeout=1)
+    finally:
+        os.kill(worker, signal.SIGCONT)
+
+
+def test_port_conflict_is_errno_98(model_dir, start_sim):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        for engine in ("vllm", "sglang"):
+            sim = start_sim(engine, model_dir, port=port)
+            assert sim.wait_exit() == 1
+            assert "OSError: [Errno 98] Address already in use" in sim.log()
+
+
+def test_api_key_guards_v1_but_not_health(model_dir, start_sim):
+    sim = start_sim("vllm", model_dir, env={"MODELWAKE_API_KEY": "s3cret-key"})
+    sim.wait_log("Application startup complete.")
+    wait_until(lambda: port_open(sim.port), what="listening")
+    assert http(sim.url + "/health")[0] == 200
+    assert http(sim.url + "/v1/models")[0] == 401
+    assert http(sim.url + "/v1/models", headers={"Authorization": "Bearer wrong"})[0] == 401
+    assert http(sim.url + "/v1/models", headers={"Authorization": "Bearer s3cret-key"})[0] == 200
+    assert "s3cret-key" not in sim.log()
+
+
+def test_sigterm_leaves_no_process_and_no_holder(model_dir, tmp_path, start_sim):
+    gpu_dir = tmp_path / "gpu"
+    sim = start_sim("vllm", model_dir, "--tp", "2", "--fake-gpus", "--load-rate-mib", "8",
+                    env={"MODELWAKE_FAKE_GPU_DIR": str(gpu_dir)})
+    sim.wait_log("Starting to load model")
+    tree = wait_until(lambda: len(sim.tree()) >= 3 and sim.tree(), what="tree")
+    wait_until(lambda: len([n for n in os.listdir(str(gpu_dir)) if n.startswith("holder-")]) == 2, what="holders")
+    # Mid-load the scripted GPUs show memory climbing: above the CUDA context, below the weights.
+    def first_two():
+        values = [int(v) for v in smi(str(gpu_dir), "--query-gpu=memory.used",
+                                      "--format=csv,noheader,nounits").split()[:2]]
+        return values if all(v > 512 for v in values) else None
+
+    used = wait_until(first_two, what="memory climbing")
+    assert all(v < 76000 * 0.8 for v in used)
+    sim.proc.send_signal(signal.SIGTERM)
+    assert sim.wait_exit() == 0
+    wait_until(lambda: not any(os.path.exists("/proc/%d" % p) for p in tree), timeout=5, what="tree gone")
+    assert [n for n in os.listdir(str(gpu_dir)) if n.startswith("holder-")] == []
+
+
+def smi(gpu_dir, *args):
+    out = subprocess.run([NVIDIA_SMI] + list(args), env=dict(os.environ, MODELWAKE_FAKE_GPU_DIR=gpu_dir),
+                         stdout=subprocess.PIPE, universal_newlines=True, check=True)
+    return out.stdout
+
+
+def test_nvidia_smi_reports_the_sims_gpus_and_ignores_dead_holders(model_dir, tmp_path, start_sim):
+    gpu_dir = str(tmp_path / "gpu")
+    os.makedirs(gpu_dir)
+    with open(os.path.join(gpu_dir, "holder-stale.json"), "w") as fileobj:
+        json.dump({"pid": 2 ** 22 + 12345, "name": "ddtree", "gpus": {"0": {"memory_mib": 55000, "utilization": 0}}},
+                  fileobj)
+    sim = start_sim("sglang", model_dir, "--tp", "2", "--fake-gpus", "--fake-gpu-count", "4",
+                    "--gpu-memory-mib", "70000", env={"MODELWAKE_FAKE_GPU_DIR": gpu_dir})
+    sim.wait_log("The server is fired up and ready to roll!")
+    rows = smi(gpu_dir, "--query-gpu=index,memory.used,utilization.gpu", "--format=csv,noheader,nounits")
+    used = [int(line.split(", ")[1]) for line in rows.splitlines()]
+    assert used == [70000, 70000, 0, 0]  # the dead holder's 55000 MiB on GPU 0 is free
+    apps = smi(gpu_dir, "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader")
+    assert sorted(line.split(", ")[1] for line in apps.splitlines()) == ["sglang::scheduler_TP0",
+                                                                         "sglang::scheduler_TP1"]
+    assert all(line.endswith(", 70000 MiB") for line in apps.splitlines())
+
+
+def test_vllm_hang_after_ready_keeps_health_but_completions_never_answer(model_dir, start_sim):
+    sim = start_sim("vllm", model_dir, "--fault", "hang:ready", "--fault-after", "0.5")
+    sim.wait_log("Application startup complete.")
+    wait_until(lambda: port_open(sim.port), what="listening")
+    time.sleep(1.5)  # past --fault-after plus one serving-loop wake-up
+    assert http(sim.url + "/health")[0] == 200
+    with pytest.raises(socket.timeout):
+        http(sim.url + "/v1/completions", {"model": model_dir, "prompt": "2+2=", "max_tokens": 4}, timeout=1)
+    assert sim.proc.poll() is None

@@ -1,0 +1,261 @@
+"""Pure pieces of the simulated engine and the scripted nvidia-smi: formats, files, parsing."""
+import importlib.machinery
+import importlib.util
+import json
+import os
+import struct
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "engines", "sim"))
+
+from modelwake_sim import __main__ as cli  # noqa: E402
+from modelwake_sim import faults, logs, model, safetensors, textgen  # noqa: E402
+
+
+def load_nvidia_smi():
+    path = os.path.join(ROOT, "tests", "fakes", "nvidia-smi")
+    loader = importlib.machinery.SourceFileLoader("fake_nvidia_smi", path)
+    spec = importlib.util.spec_from_loader("fake_nvidia_smi", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+smi = load_nvidia_smi()
+
+
+# --- log formats ----------------------------------------------------------------------------
+@pytest.mark.parametrize("done,total,elapsed,expected", [
+    (0, 64, 0.0, "Loading safetensors checkpoint shards:   0% Completed | 0/64 [00:00<?, ?it/s]"),
+    (29, 64, 261.0, "Loading safetensors checkpoint shards:  45% Completed | 29/64 [04:21<05:15, 9.00s/it]"),
+    (64, 64, 576.0, "Loading safetensors checkpoint shards: 100% Completed | 64/64 [09:36<00:00, 9.00s/it]"),
+    (2, 8, 0.5, "Loading safetensors checkpoint shards:  25% Completed | 2/8 [00:00<00:01, 4.00it/s]"),
+])
+def test_tqdm_bar_matches_the_engines_format(done, total, elapsed, expected):
+    assert logs.format_tqdm("Loading safetensors checkpoint shards", done, total, elapsed) == expected
+
+
+def read_fd_output(write):
+    read_end, write_end = os.pipe()
+    write(write_end)
+    os.close(write_end)
+    data = os.read(read_end, 1 << 16)
+    os.close(read_end)
+    return data.decode()
+
+
+def test_sglang_lines_carry_time_and_rank():
+    out = read_fd_output(lambda fd: (logs.Logger("sglang", rank=3, fd=fd).info("Load weight begin. avail mem=9.00 GB"),
+                                     logs.Logger("sglang", fd=fd).info("The server is fired up and ready to roll!")))
+    first, second = out.splitlines()
+    assert first[0] == "[" and first.endswith(" TP3] Load weight begin. avail mem=9.00 GB")
+    assert len(first.split("]")[0]) == len("[2026-05-25 19:06:14 TP3")
+    assert second.endswith("] The server is fired up and ready to roll!") and "TP" not in second
+
+
+def test_progress_is_carriage_return_bar_newline():
+    out = read_fd_output(lambda fd: logs.Logger("sglang", rank=0, fd=fd).progress("bar 1/2"))
+    assert out == "\rbar 1/2\n"
+    out = read_fd_output(lambda fd: logs.Logger("vllm", role="Worker", pid=42, fd=fd).progress("bar 1/2"))
+    assert out == "(Worker pid=42) \rbar 1/2\n"
+
+
+def test_vllm_traceback_records_end_inner_lines_with_crlf():
+    def write(fd):
+        logs.Logger("vllm", role="EngineCore", pid=7, fd=fd).traceback(
+            [("/x.py", 1, "f", "g()")], "RuntimeError: boom", header="EngineCore failed to start.", source="core.py:720")
+    out = read_fd_output(write)
+    lines = out.split("\r\n")
+    assert lines[0].startswith("(EngineCore pid=7) ERROR ") and lines[0].endswith("[core.py:720] EngineCore failed to start.")
+    assert lines[1] == "(EngineCore pid=7) Traceback (most recent call last):"
+    assert lines[-1] == "(EngineCore pid=7) RuntimeError: boom\n"
+
+
+def test_sglang_scheduler_exception_starts_on_the_header_line():
+    def write(fd):
+        logs.Logger("sglang", rank=0, fd=fd).traceback([("/x.py", 1, "f", "g()")], "ValueError: v",
+                                                       header="Scheduler hit an exception: ")
+    out = read_fd_output(write).splitlines()
+    assert out[0].endswith(" TP0] Scheduler hit an exception: Traceback (most recent call last):")
+    assert out[-1] == "ValueError: v"
+
+
+# --- safetensors and make-model --------------------------------------------------------------
+def write_shard(path, tensors, data_len=None):
+    header = safetensors.encode_header(tensors, {"format": "pt"})
+    size = sum(t[3] for t in tensors) if data_len is None else data_len
+    path.write_bytes(header + b"\0" * size)
+    return header
+
+
+def test_header_round_trip_and_alignment(tmp_path):
+    shard = tmp_path / "a.safetensors"
+    header = write_shard(shard, [("w1", "U8", [10], 10), ("w2", "U8", [6], 6)])
+    assert struct.unpack("<Q", header[:8])[0] % 8 == 0
+    parsed, start, size = safetensors.check_file(str(shard))
+    assert parsed["w2"]["data_offsets"] == [10, 16] and start == len(header) and size == len(header) + 16
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"\x01\x02", "Error while deserializing header: header too small"),
+    (struct.pack("<Q", 10 ** 9), "Error while deserializing header: header too large"),
+    (struct.pack("<Q", 4096) + b"{}", "Error while deserializing header: invalid header length"),
+    (struct.pack("<Q", 8) + b"not json", "Error while deserializing header: invalid JSON in header"),
+])
+def test_bad_headers_raise_the_libraries_messages(tmp_path, content, message):
+    shard = tmp_path / "bad.safetensors"
+    shard.write_bytes(content)
+    with pytest.raises(safetensors.SafetensorError) as err:
+        safetensors.check_file(str(shard))
+    assert str(err.value).startswith(message)
+
+
+def test_truncated_shard_is_incomplete_metadata(tmp_path):
+    shard = tmp_path / "t.safetensors"
+    write_shard(shard, [("w", "U8", [100], 100)], data_len=60)
+    with pytest.raises(safetensors.SafetensorError) as err:
+        safetensors.check_file(str(shard))
+    assert str(err.value) == "Error while deserializing header: incomplete metadata, file not fully covered"
+
+
+def test_make_model_writes_a_k26_like_directory_and_is_idempotent(tmp_path):
+    target = tmp_path / "m"
+    first = model.make_model(str(target), size_mib=2, shards=4, quantization="pack-quantized")
+    assert sorted(first["written"]) == sorted(["config.json", "model.safetensors.index.json"] +
+                                              ["model-%05d-of-00004.safetensors" % i for i in range(1, 5)])
+    config = json.loads((target / "config.json").read_text())
+    assert config["architectures"] == ["DeepseekV3ForCausalLM"]
+    quant = config["quantization_config"]
+    assert quant["quant_method"] == "compressed-tensors" and quant["format"] == "pack-quantized"
+    assert quant["config_groups"]["group_0"]["format"] == "pack-quantized"
+    index = json.loads((target / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == {"model-%05d-of-00004.safetensors" % i for i in range(1, 5)}
+    data = 0
+    for name in set(index["weight_map"].values()):
+        header, start, size = safetensors.check_file(str(target / name))
+        data += size - start
+    assert data == 2 * 1024 * 1024 == index["metadata"]["total_size"]
+    again = model.make_model(str(target), size_mib=2, shards=4, quantization="pack-quantized")
+    assert again["written"] == [] and len(again["kept"]) == 6
+
+
+def test_make_model_repairs_a_truncated_shard_and_drops_stale_ones(tmp_path):
+    target = tmp_path / "m"
+    model.make_model(str(target), size_mib=1, shards=4)
+    victim = target / "model-00002-of-00004.safetensors"
+    with open(str(victim), "r+b") as fileobj:
+        fileobj.truncate(100)
+    assert model.make_model(str(target), size_mib=1, shards=4)["written"] == [victim.name]
+    result = model.make_model(str(target), size_mib=1, shards=2)
+    assert "model-00004-of-00004.safetensors" in result["written"]
+    assert sorted(n for n in os.listdir(str(target)) if n.endswith(".safetensors")) == [
+        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+
+
+@pytest.mark.parametrize("quantization,top,groups", [
+    ("nvfp4-pack-quantized", "nvfp4-pack-quantized", ["nvfp4-pack-quantized"]),
+    ("mixed-precision", "mixed-precision", ["pack-quantized", "float-quantized"]),
+])
+def test_quantization_formats(quantization, top, groups):
+    quant = model.model_config(quantization)["quantization_config"]
+    assert quant["format"] == top
+    assert [g["format"] for g in quant["config_groups"].values()] == groups
+
+
+def test_unquantized_model_has_no_quantization_config():
+    assert "quantization_config" not in model.model_config("none")
+
+
+@pytest.mark.parametrize("args,field", [((0, 4, "none"), "--size-mib"), ((4, 0, "none"), "--shards"),
+                                        ((4, 4, "int3"), "--quantization")])
+def test_make_model_bad_input_names_the_option(tmp_path, args, field):
+    with pytest.raises(model.ModelError) as err:
+        model.make_model(str(tmp_path / "x"), *args)
+    assert field in str(err.value)
+    assert not (tmp_path / "x").exists()
+
+
+# --- faults, text, CLI -----------------------------------------------------------------------
+def test_fault_parsing_and_timing():
+    fault = faults.Fault.parse("hang:loading", 2.0)
+    assert (fault.kind, fault.phase) == ("hang", "loading")
+    assert not fault.due("loading", 1.9) and fault.due("loading", 2.0)
+    assert fault.due("loading", 0.5, phase_over=True) and not fault.due("starting", 9.0)
+    assert faults.Fault.parse("", 0) is None
+    for bad in ("crash", "crash2:loading", "hang:serving"):
+        with pytest.raises(faults.FaultError) as err:
+            faults.Fault.parse(bad)
+        assert "--fault" in str(err.value)
+
+
+def test_arithmetic_prompts_get_the_answer():
+    assert textgen.continuation("2+2=", 4) == (["4"], "stop")
+    assert textgen.join_tokens(textgen.continuation("What is 6*7=", 4)[0]) == "42"
+    tokens, finish = textgen.continuation("Tell me a story", 5)
+    assert len(tokens) == 5 and finish == "length"
+    assert textgen.continuation("Tell me a story", 5) == (tokens, finish)
+    assert textgen.count_tokens("2+2=") == 4
+
+
+def test_every_option_is_documented():
+    parser = cli.build_parser()
+    sub = parser._subparsers._group_actions[0]
+    for name in ("serve", "make-model"):
+        for action in sub.choices[name]._actions:
+            assert action.help, "%s %s has no help" % (name, action.option_strings)
+
+
+# --- scripted nvidia-smi ---------------------------------------------------------------------
+def gpu_dir(tmp_path, holders):
+    (tmp_path / "gpus.json").write_text(json.dumps({"gpus": [
+        {"index": i, "name": "NVIDIA H200", "uuid": "GPU-%d" % i, "memory_total_mib": 143771,
+         "memory_used_mib": 0, "utilization_gpu": 0} for i in range(2)]}))
+    for name, holder in holders.items():
+        (tmp_path / ("holder-%s.json" % name)).write_text(json.dumps(holder))
+    return str(tmp_path)
+
+
+def run_smi(monkeypatch, capsys, directory, *args):
+    monkeypatch.setenv("MODELWAKE_FAKE_GPU_DIR", directory)
+    code = smi.main(list(args))
+    return code, capsys.readouterr().out
+
+
+def test_holders_merge_and_dead_ones_are_ignored(tmp_path, monkeypatch, capsys):
+    directory = gpu_dir(tmp_path, {
+        "live": {"pid": os.getpid(), "name": "sglang::scheduler_TP0",
+                 "gpus": {"0": {"memory_mib": 76000, "utilization": 30}, "1": {"memory_mib": 1000, "utilization": 0}}},
+        "dead": {"pid": 2 ** 22 + 4321, "name": "python", "gpus": {"1": {"memory_mib": 55000, "utilization": 0}}},
+    })
+    code, out = run_smi(monkeypatch, capsys, directory,
+                        "--query-gpu=index,name,uuid,memory.used,memory.total,utilization.gpu", "--format=csv")
+    assert code == 0
+    assert out.splitlines() == [
+        "index, name, uuid, memory.used [MiB], memory.total [MiB], utilization.gpu [%]",
+        "0, NVIDIA H200, GPU-0, 76000 MiB, 143771 MiB, 30 %",
+        "1, NVIDIA H200, GPU-1, 1000 MiB, 143771 MiB, 0 %"]
+    code, out = run_smi(monkeypatch, capsys, directory, "--query-compute-apps=gpu_uuid,used_memory,pid",
+                        "--format=csv,noheader,nounits")
+    assert out.splitlines() == ["GPU-0, 76000, %d" % os.getpid(), "GPU-1, 1000, %d" % os.getpid()]
+
+
+def test_nounits_keeps_header_units_and_ids_filter(tmp_path, monkeypatch, capsys):
+    directory = gpu_dir(tmp_path, {})
+    code, out = run_smi(monkeypatch, capsys, directory, "-i", "1", "--query-gpu=memory.used,utilization.gpu",
+                        "--format=csv,nounits")
+    assert out.splitlines() == ["memory.used [MiB], utilization.gpu [%]", "0, 0"]
+    code, out = run_smi(monkeypatch, capsys, directory, "-L")
+    assert out.splitlines() == ["GPU 0: NVIDIA H200 (UUID: GPU-0)", "GPU 1: NVIDIA H200 (UUID: GPU-1)"]
+    code, out = run_smi(monkeypatch, capsys, directory)
+    assert code == 0 and "No running processes found" in out and "0MiB / 143771MiB" in out
+
+
+def test_errors_like_the_real_tool(tmp_path, monkeypatch, capsys):
+    code, out = run_smi(monkeypatch, capsys, str(tmp_path), "--query-gpu=index", "--format=csv")
+    assert code == 9 and out.startswith("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver")
+    directory = gpu_dir(tmp_path, {})
+    code, out = run_smi(monkeypatch, capsys, directory, "--query-gpu=index,bogus", "--format=csv")
+    assert code == 2 and out.startswith('Field "bogus" is not a valid field to query.')
