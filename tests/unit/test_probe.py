@@ -1,0 +1,138 @@
+"""HostProbe gathers a real snapshot: a real server process, its log file, its port; systemd scripted."""
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from modelwake import procfs
+from modelwake.errors import InputError
+from modelwake.probe import HostProbe
+
+from traces import config
+
+FAKES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fakes")
+
+# A tiny server: listens, answers /health 503 like SGLang warming up, logs a line, tells its port.
+SERVER = r"""
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        self.send_response(503 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+srv = http.server.HTTPServer(("127.0.0.1", 0), H)
+with open(sys.argv[1], "a") as log:
+    log.write("[2026-05-25 19:06:14 TP0] Load weight begin. avail mem=85 GB\n")
+print(srv.server_address[1], flush=True)
+srv.serve_forever()
+"""
+
+
+@pytest.fixture
+def fake_nvml():
+    spec = importlib.util.spec_from_file_location("fake_pynvml", os.path.join(FAKES, "pynvml.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.configure([{"uuid": "GPU-0", "memory_used_mib": 1024, "memory_total_mib": 97887, "utilization": 3}])
+    return module
+
+
+@pytest.fixture
+def server(tmp_path):
+    log = tmp_path / "server.log"
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(log)], stdout=subprocess.PIPE, universal_newlines=True)
+    port = int(proc.stdout.readline())
+    yield proc, port, str(log)
+    if proc.poll() is None:  # still ours and unreaped: the pid cannot belong to anyone else
+        proc.kill()
+    proc.wait()
+
+
+def test_pid_mode_snapshot_of_a_real_server(server, fake_nvml):
+    proc, port, log = server
+    cfg = config(pid=proc.pid, url="http://127.0.0.1:%d" % port, log_path=log, engine="sglang")
+    probe = HostProbe(cfg, nvml=fake_nvml)
+    snap = probe.snapshot(0.0, remaining=60)
+    assert snap.process["alive"] is True and snap.process["root_pid"] == proc.pid
+    assert proc.pid in snap.process["pids"] and snap.process["states"][str(proc.pid)] in ("S", "R")
+    assert snap.process["cpu_seconds"] > 0 and snap.process["read_bytes"] is not None
+    assert snap.gpus == [{"index": 0, "uuid": "GPU-0", "memory_used_mib": 1024, "memory_total_mib": 97887, "utilization": 3}]
+    assert snap.log_context == ["[2026-05-25 19:06:14 TP0] Load weight begin. avail mem=85 GB"] and snap.log_lines == []
+    assert snap.http["health"]["code"] == 503 and snap.http["listening"] is True
+    assert [o["pid"] for o in snap.listeners] == [proc.pid]
+    json.dumps(snap.to_dict())  # plain data
+    proc.kill()
+    proc.wait()
+    gone = probe.snapshot(5.0)
+    assert gone.process["alive"] is False and gone.process["pids"] == []
+    assert gone.http["listening"] is False
+
+
+def test_pid_mode_refuses_a_pid_that_is_gone():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    with pytest.raises(InputError, match="no process with pid %d" % proc.pid):
+        HostProbe(config(pid=proc.pid))
+
+
+def free_port():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+class SystemdScript(object):
+    """Scripted systemctl/journalctl answers; the unit's MainPID is a real process."""
+
+    def __init__(self, main_pid, load_state="loaded"):
+        self.main_pid = main_pid
+        self.load_state = load_state
+        self.calls = []
+
+    def __call__(self, argv, timeout=30):
+        self.calls.append(argv)
+        if argv[0] == "systemctl":
+            return 0, ("ActiveState=active\nSubState=running\nMainPID=%d\nNRestarts=0\nExecMainStatus=0\n"
+                       "LoadState=%s\nInvocationID=inv1\nControlGroup=/system.slice/nowhere-%d.service\n"
+                       % (self.main_pid, self.load_state, os.getpid())), ""
+        if argv[0] == "journalctl":
+            entry = {"__CURSOR": "c1", "_SYSTEMD_INVOCATION_ID": "inv1", "MESSAGE": "Init torch distributed begin."}
+            return 0, json.dumps(entry) + "\n", ""
+        return 127, "", "not scripted"
+
+
+def test_unit_mode_snapshot_uses_systemd_and_the_journal(fake_nvml):
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        runner = SystemdScript(proc.pid)
+        cfg = config(unit="sglang-k26.service", url="http://127.0.0.1:%d" % free_port())
+        snap = HostProbe(cfg, runner=runner, nvml=fake_nvml).snapshot(0.0)
+        assert snap.unit["MainPID"] == proc.pid and snap.unit["ActiveState"] == "active"
+        # The cgroup is not there (no systemd here): the MainPID's tree stands in.
+        assert snap.process["pids"] == [proc.pid] and snap.process["alive"] is True
+        assert snap.log_lines == ["Init torch distributed begin."] and snap.log_context == []
+        assert snap.http["health"]["kind"] == "refused"
+    finally:
+        proc.stdin.close()
+        proc.wait()
+
+
+def test_unit_mode_refuses_a_unit_that_does_not_exist(fake_nvml):
+    cfg = config(unit="nope.service")
+    with pytest.raises(InputError, match="unit nope.service does not exist"):
+        HostProbe(cfg, runner=SystemdScript(1, load_state="not-found"), nvml=fake_nvml)
+    with pytest.raises(InputError, match="cannot ask systemd"):
+        HostProbe(cfg, runner=lambda argv, timeout=30: (1, "", "System has not been booted with systemd"))
+
+
+def test_procfs_sees_the_probe_server_as_the_listener(server):
+    proc, port, _log = server
+    assert procfs.listening_socket_owner(port)["pid"] == proc.pid

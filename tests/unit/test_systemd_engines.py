@@ -1,0 +1,126 @@
+"""systemctl show parsing, and the engines' marker tables on exact log lines from engines.md."""
+import pytest
+
+from modelwake import engines, systemd
+
+SHOW = """ActiveState=activating
+SubState=auto-restart
+MainPID=0
+NRestarts=3
+ExecMainStatus=0
+ExecMainCode=1
+Result=success
+StatusText=
+Type=simple
+LoadState=loaded
+InvocationID=4c1e0f6d2a8b4f5e9d1c3b2a1f0e9d8c
+ControlGroup=/system.slice/sglang-k26.service
+"""
+
+
+def test_parse_show_converts_numbers_and_keeps_text():
+    props = systemd.parse_show(SHOW)
+    assert props["MainPID"] == 0 and props["NRestarts"] == 3 and props["ExecMainStatus"] == 0
+    assert props["SubState"] == "auto-restart" and props["StatusText"] == ""
+    assert props["ControlGroup"] == "/system.slice/sglang-k26.service"
+    assert not systemd.is_running({"ActiveState": "inactive"})
+    assert systemd.is_running({"ActiveState": "activating"})
+
+
+def test_old_systemd_without_nrestarts_gives_none():
+    assert systemd.parse_show("ActiveState=active\nMainPID=12\n")["NRestarts"] is None
+
+
+def test_unit_properties_asks_systemctl_and_reports_its_failure():
+    calls = []
+
+    def runner(argv, timeout=30):
+        calls.append(argv)
+        return 0, SHOW, ""
+
+    assert systemd.unit_properties("sglang-k26.service", runner)["NRestarts"] == 3
+    assert calls[0][:3] == ["systemctl", "show", "sglang-k26.service"]
+    assert set(calls[0][4].split(",")) == set(systemd.PROPERTIES)
+    with pytest.raises(systemd.SystemdError, match="System has not been booted with systemd"):
+        systemd.unit_properties("x", lambda argv, timeout=30: (1, "", "System has not been booted with systemd"))
+
+
+P = "[2026-05-25 19:06:14 TP0] "
+V = "(EngineCore_DP0 pid=812) INFO 11-30 04:40:00 [core.py:1] "
+
+
+@pytest.mark.parametrize("engine,line,kind,phase", [
+    ("sglang", P + "Init torch distributed begin.", "marker", "starting"),
+    ("sglang", P + "Load weight begin. avail mem=85.20 GB", "marker", "loading"),
+    ("sglang", P + "Load weight end. elapsed=449.70 s, type=KimiK25ForConditionalGeneration, dtype=torch.bfloat16, "
+               "avail mem=9.1 GB, mem usage=76.1 GB.", "marker", "initializing"),
+    ("sglang", P + "KV Cache is allocated. #tokens: 1000000, KV size: 8.1 GB", "marker", "initializing"),
+    ("sglang", P + "Capture cuda graph begin. This can take up to several minutes. avail mem=8 GB", "marker", "initializing"),
+    ("sglang", P + "Entering DeepGEMM JIT Pre-Compile session. It may take a long time", "marker", "initializing"),
+    ("sglang", "INFO:     Uvicorn running on http://0.0.0.0:30001 (Press CTRL+C to quit)", "marker", "initializing"),
+    ("sglang", "INFO:     Application startup complete.", "marker", "initializing"),
+    ("sglang", P + "The server is fired up and ready to roll!", "marker", "ready_hint"),
+    ("sglang", P + "Scheduler hit an exception: Traceback (most recent call last):", "fatal", None),
+    ("sglang", "Received sigquit from a child proces. It usually means the child failed.", "fatal", None),
+    ("sglang", "Initialization failed. warmup error: Traceback", "fatal", None),
+    ("sglang", P + "Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)", "fatal", None),
+    ("sglang", "server_args=ServerArgs(model_path='/m', tp_size=8)", "run_start", "starting"),
+    ("sglang", P + "Unexpected error during packa", "other", None),
+    ("sglang", 'INFO:     127.0.0.1:50312 - "GET /health HTTP/1.1" 503 Service Unavailable', "heartbeat", None),
+    ("vllm", V + "Initializing a V1 LLM engine (v0.32.0) with config: model='/m'", "marker", "starting"),
+    ("vllm", "(Worker_TP0 pid=9) INFO 11-30 [gpu_model_runner.py:1] Starting to load model /m...", "marker", "loading"),
+    ("vllm", "(Worker pid=9) INFO 11-30 [default_loader.py:1] Loading weights took 23.50 seconds", "marker", "initializing"),
+    ("vllm", "(Worker pid=9) INFO 11-30 Model loading took 2.61 GiB memory and 24.1s", "marker", "initializing"),
+    ("vllm", "(Worker pid=9) INFO 11-30 Warming up model for the compilation...", "marker", "initializing"),
+    ("vllm", "(EngineCore pid=8) INFO torch.compile takes 31.2 s in total", "marker", "initializing"),
+    ("vllm", "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  50%", "marker", "initializing"),
+    ("vllm", V + "init engine (profile, create kv cache, warmup model) took 50.66 s", "marker", "initializing"),
+    ("vllm", "(APIServer pid=7) INFO:     Application startup complete.", "marker", "ready_hint"),
+    ("vllm", "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}", "fatal", None),
+    ("vllm", "(Worker pid=9) ERROR WorkerProc failed to start.", "fatal", None),
+    ("vllm", "Worker proc VllmWorker-0 died unexpectedly (exit code: -9)", "fatal", None),
+    ("vllm", "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.", "fatal", None),
+    ("vllm", "OSError: [Errno 98] Address already in use", "fatal", None),
+    ("vllm", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "fatal", None),
+    ("vllm", "(EngineCore pid=8) WARNING [shm_broadcast.py:466] No available shared memory broadcast block found in 60 "
+             "seconds. This typically happens when some processes are hanging", "heartbeat", None),
+    ("vllm", "(APIServer pid=7) INFO non-default args: {'model': '/m'}", "run_start", "starting"),
+])
+def test_exact_engine_lines(engine, line, kind, phase):
+    assert engines.classify_line(engine, line) == (kind, phase)
+
+
+def test_auto_uses_both_tables_and_the_cautious_meaning():
+    assert engines.classify_line("auto", "INFO:     Application startup complete.") == ("marker", "initializing")
+    assert engines.classify_line("auto", "Loading weights took 3 seconds") == ("marker", "initializing")
+
+
+@pytest.mark.parametrize("line,engine", [
+    ("server_args=ServerArgs(model_path='/m')", "sglang"),
+    ("[2026-05-25 19:06:14 TP3] Load weight begin.", "sglang"),
+    ("(APIServer pid=7) INFO vLLM API server version 0.32.0", "vllm"),
+    ("(EngineCore_DP0 pid=8) INFO 11-30 Initializing a V1 LLM engine", "vllm"),
+    ("Loading safetensors checkpoint shards:  45% Completed | 29/64", None),
+    ("INFO:     Application startup complete.", None),
+])
+def test_detect_engine(line, engine):
+    assert engines.detect_engine(line) == engine
+
+
+def test_shard_progress_takes_the_last_redraw():
+    assert engines.shard_progress("Loading safetensors checkpoint shards:  45% Completed | 29/64 [05:00<06:00]") == (29, 64)
+    joined = "Multi-thread loading shards:  10% Completed | 1/10 [..]Multi-thread loading shards:  20% Completed | 2/10"
+    assert engines.shard_progress(joined) == (2, 10)
+    assert engines.shard_progress("Load weight begin") is None
+
+
+def test_root_cause_is_the_first_specific_error_then_the_traceback_tail():
+    tail = ["INFO loading", "Traceback (most recent call last):"] + ['  File "x.py", line %d' % i for i in range(30)] + [
+        "OSError: [Errno 98] Address already in use",
+        "RuntimeError: Engine core initialization failed. See root cause above."]
+    evidence = engines.root_cause(tail, tail[-1])
+    assert evidence[0] == "OSError: [Errno 98] Address already in use"
+    assert evidence[-1] == tail[-1]
+    assert len(evidence) <= 1 + engines.TRACEBACK_TAIL
+    assert engines.root_cause(["Scheduler hit an exception: boom"], "Scheduler hit an exception: boom")[0] == \
+        "Scheduler hit an exception: boom"

@@ -1,0 +1,119 @@
+"""The polling core with a fake clock and sleep: a 20-minute start replayed in milliseconds."""
+import json
+
+from modelwake.waiter import wait_for_ready
+
+from traces import MIB, Trace, config, http, vllm_prefix
+
+
+class FakeClock(object):
+    def __init__(self):
+        self.now = 1000.0  # monotonic clocks do not start at 0
+        self.sleeps = []
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        assert seconds >= 0
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+class ReplayProbe(object):
+    """Answers snapshot(t) from a story function; each look costs `cost` seconds of the clock."""
+
+    def __init__(self, clock, story, cost=0.0):
+        self.clock = clock
+        self.story = story
+        self.cost = cost
+        self.trace = Trace(pids=(100, 200, 300))
+        self.looks = []
+
+    def snapshot(self, t, remaining=None):
+        self.looks.append((t, remaining))
+        self.clock.now += self.cost
+        return self.story(self.trace, t)
+
+
+def twenty_minute_start(trace, t):
+    worker = vllm_prefix("Worker", 300)
+    if t == 0:
+        return trace.step(t, cpu=1.0, lines=[vllm_prefix("APIServer", 100) + "vLLM API server version 0.32.0"])
+    if t < 60:
+        return trace.step(t, cpu=1.0, lines=[worker + "Starting to load model /m..."] if t == 30 else [])
+    if t < 900:
+        return trace.step(t, cpu=0.9, read=500 * MIB)  # silent loading
+    if t < 1200:
+        return trace.step(t, cpu=1.5)  # silent compilation
+    return trace.step(t, cpu=0.3, lines=["INFO:     Application startup complete."],
+                      http_result=http(200, models=200, completion=200, ready=True, model="m"))
+
+
+def test_twenty_minute_start_replayed_without_real_sleeping(tmp_path):
+    clock = FakeClock()
+    probe = ReplayProbe(clock, twenty_minute_start)
+    progress = tmp_path / "progress.jsonl"
+    seen = []
+    cfg = config(engine="vllm", timeout=3600, stall_timeout=300, poll_interval=5, progress_path=str(progress))
+    result = wait_for_ready(cfg, probe, clock=clock, sleep=clock.sleep, on_snapshot=lambda s, v: seen.append(v.phase))
+    assert result["phase"] == "ready" and result["failed"] is False
+    assert result["elapsed"] == 1200
+    assert len(probe.looks) == 241 and set(clock.sleeps) == {5}
+    assert [p["phase"] for p in result["phases"]] == ["starting", "loading", "initializing", "ready"]
+    assert result["bytes_read"] == 500 * MIB * 840
+    assert "terminal" not in result
+    lines = progress.read_text().splitlines()
+    assert len(lines) == 241 == len(seen)
+    last = json.loads(lines[-1])
+    assert last["verdict"]["phase"] == "ready" and last["snapshot"]["t"] == 1200
+    assert probe.looks[1] == (5.0, 3595.0)  # the time left is handed to the probe (HTTP timeouts)
+
+
+def test_deadline_not_a_counter_a_slow_probe_eats_into_it():
+    clock = FakeClock()
+    probe = ReplayProbe(clock, lambda trace, t: trace.step(t, cpu=1.0), cost=7.0)
+    result = wait_for_ready(config(engine="vllm", timeout=100, poll_interval=30), probe, clock=clock, sleep=clock.sleep)
+    assert result["phase"] == "timeout" and result["failed"] is True
+    # Looks at 0, 37, 74 and the last one when the deadline came: never past it by a poll interval.
+    assert [t for t, _r in probe.looks] == [0.0, 37.0, 74.0, 100.0]
+    assert clock.sleeps == [30, 30, 19.0]
+    assert result["elapsed"] == 107
+    assert result["msg"].startswith("timeout: not ready after 100 s; in phase starting since +0 s")
+
+
+def test_hang_fails_as_stalled_before_the_deadline():
+    clock = FakeClock()
+
+    def story(trace, t):
+        return trace.step(t, cpu=1.0 if t <= 50 else 0.0, states={300: "T"} if t > 50 else None)
+
+    probe = ReplayProbe(clock, story)
+    result = wait_for_ready(config(engine="vllm", timeout=3600, stall_timeout=120, poll_interval=5),
+                            probe, clock=clock, sleep=clock.sleep)
+    assert result["phase"] == "stalled" and result["failed"] is True
+    assert result["elapsed"] == 170
+    assert "no progress for 120 s" in result["msg"] and "process 300 state T (stopped)" in result["msg"]
+
+
+def test_timeout_zero_looks_once_and_never_fails():
+    clock = FakeClock()
+    probe = ReplayProbe(clock, lambda trace, t: trace.step(t, lines=["[2026-05-25 19:06:14 TP0] Load weight begin."]))
+    result = wait_for_ready(config(engine="sglang", timeout=0), probe, clock=clock, sleep=clock.sleep)
+    assert result["phase"] == "loading" and result["failed"] is False and result["elapsed"] == 0
+    assert len(probe.looks) == 1 and probe.looks[0] == (0.0, None) and clock.sleeps == []
+
+
+def test_timeout_zero_reports_a_dead_server_as_failed_without_failing_the_task():
+    clock = FakeClock()
+    probe = ReplayProbe(clock, lambda trace, t: trace.step(t, alive=False))
+    result = wait_for_ready(config(timeout=0), probe, clock=clock, sleep=clock.sleep)
+    assert result["phase"] == "failed" and result["failed"] is False
+
+
+def test_unwritable_progress_path_is_a_warning_not_the_end(tmp_path):
+    clock = FakeClock()
+    probe = ReplayProbe(clock, lambda trace, t: trace.step(t))
+    cfg = config(timeout=0, progress_path=str(tmp_path / "missing-dir" / "p.jsonl"))
+    result = wait_for_ready(cfg, probe, clock=clock, sleep=clock.sleep)
+    assert "could not be written" in result["warnings"][0]
