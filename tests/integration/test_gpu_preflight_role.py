@@ -1,0 +1,156 @@
+"""The gpu_preflight role run by ansible-playbook against this machine, with the scripted GPUs.
+
+tests/fakes/nvidia-smi is first on PATH and reads a temporary MODELWAKE_FAKE_GPU_DIR; the GPU
+"holders" are real processes started here (and stopped by PID afterwards). This machine has no
+systemd, so no holder can be attributed to a unit: the stop-a-listed-unit path is tested on the
+systemd test hosts (molecule/deploy-preflight).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
+FAKES = os.path.join(ROOT, "tests", "fakes")
+MIB = 1024 * 1024
+
+PLAY = """
+- name: Run the GPU preflight
+  hosts: all
+  connection: local
+  gather_facts: false
+  environment:
+    PATH: "{{ fake_path }}"
+    MODELWAKE_FAKE_GPU_DIR: "{{ fake_gpu_dir }}"
+  roles:
+    - role: gpu_preflight
+"""
+
+
+@pytest.fixture
+def gpu_dir(tmp_path):
+    path = tmp_path / "gpus"
+    path.mkdir()
+    gpus = [{"index": i, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "uuid": "GPU-fake-%d" % i,
+             "memory_total_mib": 97887, "memory_used_mib": 0, "utilization_gpu": 0} for i in range(8)]
+    (path / "gpus.json").write_text(json.dumps({"gpus": gpus}))
+    return path
+
+
+@pytest.fixture
+def holder_process(gpu_dir):
+    """A real process holding 55000 MiB on GPU 0 in the scripted picture, like the story's stale wrapper."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "ddtree-qwen-wrapper"],
+                            stdin=subprocess.PIPE)
+    (gpu_dir / "holder-ddtree.json").write_text(json.dumps(
+        {"pid": proc.pid, "name": "python", "gpus": {"0": {"memory_mib": 55000, "utilization": 0}}}))
+    yield proc
+    proc.stdin.close()
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def model(tmp_path):
+    path = tmp_path / "model"
+    path.mkdir()
+    (path / "config.json").write_text("{}")
+    names = ["model-%05d-of-00004.safetensors" % (i + 1) for i in range(4)]
+    (path / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": 4 * 8 * MIB}, "weight_map": dict(("w%d" % i, n) for i, n in enumerate(names))}))
+    for name in names:
+        (path / name).write_bytes(os.urandom(8 * MIB + 128))
+    return path
+
+
+def run(tmp_path, gpu_dir, host_vars, path=None):
+    inventory = {"all": {"hosts": {"gpuhost": dict(host_vars, ansible_python_interpreter=sys.executable)}}}
+    (tmp_path / "inventory.json").write_text(json.dumps(inventory))
+    (tmp_path / "play.yml").write_text(PLAY)
+    extra = {"fake_path": path if path is not None else FAKES + os.pathsep + os.environ["PATH"],
+             "fake_gpu_dir": str(gpu_dir)}
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    return subprocess.run([PLAYBOOK, "-i", str(tmp_path / "inventory.json"), str(tmp_path / "play.yml"),
+                           "-e", json.dumps(extra)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, universal_newlines=True, timeout=300)
+
+
+def flat(text):
+    return " ".join(text.split())
+
+
+def test_free_gpus_and_a_complete_model_pass(tmp_path, gpu_dir, model):
+    proc = run(tmp_path, gpu_dir, {"gpu_preflight_gpus": list(range(8)), "gpu_preflight_model_path": str(model),
+                                   "gpu_preflight_service_unit": "sglang-k26", "gpu_preflight_read_sample_mib": 4})
+    assert proc.returncode == 0, proc.stdout
+    out = flat(proc.stdout)
+    assert "4 shards, 0.0 GiB; disk read" in out
+    assert "(4 MiB sampled), expected load time" in out
+    assert "no process holds the needed GPUs" in out
+    assert "0/97887" in out
+
+
+def test_foreign_holder_fails_naming_its_pid(tmp_path, gpu_dir, holder_process):
+    proc = run(tmp_path, gpu_dir, {"gpu_preflight_gpus": [0, 1], "gpu_preflight_service_unit": "sglang-k26",
+                                   "gpu_preflight_stop_units": ["sglang-k26-ddtree"]})
+    assert proc.returncode == 2, proc.stdout
+    out = flat(proc.stdout)
+    assert "GPUs 0 of gpuhost are held by processes outside sglang-k26 (more than 1024 MiB), PIDs %d" % holder_process.pid in out
+    # The table row: pid, user, no unit (this machine has no systemd), verdict, memory, command line.
+    assert "%d root - foreign 0:55000" % holder_process.pid in out
+    assert "ddtree-qwen-wrapper" in out
+    assert "Nothing was changed" in out
+    # Listed in gpu_preflight_stop_units or not, a process outside a unit is never touched.
+    assert holder_process.poll() is None
+
+
+def test_holder_on_a_gpu_not_needed_passes(tmp_path, gpu_dir, holder_process):
+    proc = run(tmp_path, gpu_dir, {"gpu_preflight_gpus": [1, 2, 3]})
+    assert proc.returncode == 0, proc.stdout
+    assert holder_process.poll() is None
+
+
+def test_threshold_lets_a_small_holder_pass(tmp_path, gpu_dir, holder_process):
+    proc = run(tmp_path, gpu_dir, {"gpu_preflight_gpus": [0], "gpu_preflight_max_foreign_mib": 60000,
+                                   "gpu_preflight_min_free_mib": 50000})
+    assert proc.returncode == 2, proc.stdout
+    # Not blocked by the holder (55000 <= 60000), but only 97887 - 55000 < 50000 MiB are free.
+    assert "GPU 0 has 42887 MiB free" in flat(proc.stdout)
+
+
+def test_missing_shard_fails_before_the_gpus_are_read(tmp_path, gpu_dir, model):
+    os.unlink(str(model / "model-00003-of-00004.safetensors"))
+    proc = run(tmp_path, gpu_dir, {"gpu_preflight_model_path": str(model)})
+    assert proc.returncode == 2, proc.stdout
+    assert "1 of 4 shards named in the index are missing: model-00003-of-00004.safetensors" in flat(proc.stdout)
+    assert "Read the GPUs and who holds them" not in proc.stdout
+
+
+def test_no_gpu_is_an_error_unless_not_required(tmp_path, gpu_dir):
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    path = str(empty) + os.pathsep + "/usr/bin:/bin"
+    proc = run(tmp_path, gpu_dir, {"gpu_preflight_gpus": [0]}, path=path)
+    assert proc.returncode == 2, proc.stdout
+    assert "No GPU found on gpuhost" in flat(proc.stdout)
+    assert "gpu_preflight_required: false" in flat(proc.stdout)
+    proc = run(tmp_path, gpu_dir, {"gpu_preflight_gpus": [0], "gpu_preflight_required": False}, path=path)
+    assert proc.returncode == 0, proc.stdout
+    assert "continuing because gpu_preflight_required is false" in flat(proc.stdout)
+
+
+@pytest.mark.parametrize("bad,message", [
+    ({"gpu_preflight_gpus": [0, 0]}, "gpu_preflight_gpus must be distinct GPU indices"),
+    ({"gpu_preflight_service_unit": "sglang-k26", "gpu_preflight_stop_units": ["sglang-k26"]},
+     "the unit being deployed cannot be in the list of units to stop"),
+    ({"gpu_preflight_model_path": "models/k26"}, "gpu_preflight_model_path must be an absolute path"),
+    ({"gpu_preflight_max_foreign_mib": "lots"}, "gpu_preflight_max_foreign_mib"),
+])
+def test_bad_input_is_a_clear_error(tmp_path, gpu_dir, bad, message):
+    proc = run(tmp_path, gpu_dir, bad)
+    assert proc.returncode == 2, proc.stdout
+    assert message in flat(proc.stdout)
+    assert "Read the GPUs and who holds them" not in proc.stdout

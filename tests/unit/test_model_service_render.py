@@ -1,0 +1,225 @@
+"""The model_service role's rendering, through Ansible itself (real Jinja2, real template module).
+
+One ansible-playbook run renders every engine variant: each inventory host is one variant
+(connection local), and the role's output paths are redirected into a temporary directory with
+extra vars (they outrank the role's vars/). The play ends before handlers, so nothing restarts.
+Asserts exact ExecStart lines, the hardening, and that API keys appear in no unit, no command line
+and no playbook output. Bad input must fail with a message naming the variable and write nothing.
+"""
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
+VENV = "/opt/modelwake/venv"
+SECRET = "sk-modelwake-test-7f3a9c"
+
+PLAY = """
+- name: Render the model_service files
+  hosts: all
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Validate and size the start timeout
+      ansible.builtin.include_role:
+        name: model_service
+        tasks_from: preflight.yml
+    - name: Render the unit and its files
+      ansible.builtin.include_role:
+        name: model_service
+        tasks_from: unit.yml
+    - name: Stop before the handlers (no systemd here)
+      ansible.builtin.meta: end_play
+"""
+
+EXTRA_VARS = {
+    "_model_service_conf_dir": "{{ render_root }}/{{ inventory_hostname }}/etc",
+    "_model_service_unit_file": "{{ render_root }}/{{ inventory_hostname }}/unit.service",
+    "model_service_group": "root",
+    "model_service_venv": VENV,
+}
+
+
+def make_model(path, shards=2, shard_bytes=1024 * 1024):
+    os.makedirs(path)
+    with open(os.path.join(path, "config.json"), "w") as handle:
+        json.dump({"architectures": ["DeepseekV3ForCausalLM"]}, handle)
+    for i in range(shards):
+        with open(os.path.join(path, "model-%05d-of-%05d.safetensors" % (i + 1, shards)), "wb") as handle:
+            handle.write(b"\0" * shard_bytes)
+
+
+def run_play(tmp_path, hosts, groups=None, extra=None):
+    """Run the rendering play over `hosts` ({name: vars}); return (completed process, render root)."""
+    render_root = tmp_path / "out"
+    render_root.mkdir()
+    inventory = {"all": {"hosts": dict((name, dict(vars_, ansible_python_interpreter=sys.executable))
+                                       for name, vars_ in hosts.items()),
+                         "children": groups or {}}}
+    (tmp_path / "inventory.json").write_text(json.dumps(inventory))
+    (tmp_path / "play.yml").write_text(PLAY)
+    extra_vars = dict(EXTRA_VARS, render_root=str(render_root), **(extra or {}))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_FORCE_COLOR="0")
+    proc = subprocess.run(
+        [PLAYBOOK, "-i", str(tmp_path / "inventory.json"), str(tmp_path / "play.yml"),
+         "-e", json.dumps(extra_vars), "--diff"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+        timeout=300)
+    return proc, render_root
+
+
+def exec_start(unit_text):
+    lines = [line for line in unit_text.splitlines() if line.startswith("ExecStart=")]
+    assert len(lines) == 1, unit_text
+    return lines[0]
+
+
+def directive(unit_text, name):
+    return [line.split("=", 1)[1] for line in unit_text.splitlines() if line.startswith(name + "=")]
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    """Every variant rendered in one ansible-playbook run."""
+    tmp_path = tmp_path_factory.mktemp("render")
+    models = tmp_path / "models"
+    make_model(str(models / "k26"), shards=4, shard_bytes=2 * 1024 * 1024)
+    k26 = str(models / "k26")
+    hosts = {
+        "sglang": {"model_service_engine": "sglang", "model_service_unit": "sglang-k26",
+                   "model_service_model_path": k26, "model_service_tp": 8,
+                   "model_service_gpus": [0, 1, 2, 3, 4, 5, 6, 7],
+                   "model_service_extra_args": ["--attention-backend", "triton", "--disable-cuda-graph",
+                                                "--trust-remote-code"],
+                   "model_service_conflicts": ["sglang-k26-ddtree"],
+                   "model_service_min_read_rate_mib": 1, "model_service_init_budget_sec": 100},
+        "sglangkey": {"model_service_engine": "sglang", "model_service_unit": "sglang-pub",
+                      "model_service_model_path": k26, "model_service_host": "0.0.0.0",
+                      "model_service_api_key": SECRET},
+        "vllm": {"model_service_engine": "vllm", "model_service_unit": "vllm-k26",
+                 "model_service_model_path": k26, "model_service_tp": 2,
+                 "model_service_served_model_name": "kimi-k2.6", "model_service_host": "::",
+                 "model_service_api_key": SECRET, "model_service_env": {"NCCL_DEBUG": "INFO", "HF_HOME": "/srv/hf"}},
+        "sim": {"model_service_engine": "sim", "model_service_unit": "sglang-k26",
+                "model_service_model_path": k26, "model_service_tp": 8, "model_service_api_key": SECRET,
+                "model_service_extra_args": ["--disable-cuda-graph", "--init-seconds", "2"],
+                "model_service_sim_fake_gpus": True},
+        "node0": {"model_service_engine": "sglang", "model_service_model_path": k26, "model_service_tp": 16,
+                  "model_service_nodes_group": "pair", "ansible_host": "2001:db8::10"},
+        "node1": {"model_service_engine": "sglang", "model_service_model_path": k26, "model_service_tp": 16,
+                  "model_service_nodes_group": "pair", "ansible_host": "2001:db8::11"},
+    }
+    groups = {"pair": {"hosts": {"node0": {}, "node1": {}}}}
+    proc, root = run_play(tmp_path, hosts, groups)
+    assert proc.returncode == 0, proc.stdout
+    return {"proc": proc, "root": root, "k26": k26}
+
+
+def read(rendered, host, name):
+    with open(os.path.join(str(rendered["root"]), host, name)) as handle:
+        return handle.read()
+
+
+def test_unit_starts_with_the_managed_comment_then_unit_section(rendered):
+    lines = read(rendered, "sglang", "unit.service").splitlines()
+    assert lines[:4] == ["#", "# Ansible managed", "#", "[Unit]"]
+    env = read(rendered, "vllm", "etc/vllm-k26.env").splitlines()
+    assert env[:3] == ["#", "# Ansible managed", "#"] and not env[3].startswith("#")
+
+
+def test_sglang_exec_start_is_exact(rendered):
+    unit = read(rendered, "sglang", "unit.service")
+    assert exec_start(unit) == (
+        "ExecStart=%s/bin/python -m sglang.launch_server --model-path %s --tp 8 --host 127.0.0.1 --port 30001 "
+        "--attention-backend triton --disable-cuda-graph --trust-remote-code" % (VENV, rendered["k26"]))
+    assert directive(unit, "Conflicts") == ["sglang-k26-ddtree.service"]
+    assert directive(unit, "Environment")[-1] == "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7"
+
+
+def test_sglang_api_key_goes_through_a_config_file(rendered):
+    unit = read(rendered, "sglangkey", "unit.service")
+    conf = os.path.join(str(rendered["root"]), "sglangkey", "etc", "sglang-pub.sglang.yaml")
+    assert exec_start(unit).endswith("--host 0.0.0.0 --port 30001 --config %s" % conf)
+    with open(conf) as handle:
+        assert 'api-key: "%s"' % SECRET in handle.read()
+    assert stat.S_IMODE(os.stat(conf).st_mode) == 0o640
+
+
+def test_vllm_exec_start_and_env_file(rendered):
+    unit = read(rendered, "vllm", "unit.service")
+    assert exec_start(unit) == (
+        "ExecStart=%s/bin/python -m vllm.entrypoints.openai.api_server --model %s --served-model-name kimi-k2.6 "
+        "--host :: --port 30001 --tensor-parallel-size 2" % (VENV, rendered["k26"]))
+    env_path = os.path.join(str(rendered["root"]), "vllm", "etc", "vllm-k26.env")
+    env = read(rendered, "vllm", "etc/vllm-k26.env")
+    assert 'VLLM_API_KEY="%s"' % SECRET in env.splitlines()
+    assert 'NCCL_DEBUG="INFO"' in env.splitlines()
+    assert stat.S_IMODE(os.stat(env_path).st_mode) == 0o600
+    assert directive(unit, "EnvironmentFile") == [env_path]
+
+
+def test_sim_exec_start_and_key_in_env(rendered):
+    unit = read(rendered, "sim", "unit.service")
+    assert exec_start(unit) == (
+        "ExecStart=%s/bin/python -m modelwake_sim serve --engine sglang --model-path %s --host 127.0.0.1 "
+        "--port 30001 --tp 8 --fake-gpus --disable-cuda-graph --init-seconds 2" % (VENV, rendered["k26"]))
+    assert 'MODELWAKE_API_KEY="%s"' % SECRET in read(rendered, "sim", "etc/sglang-k26.env").splitlines()
+
+
+def test_multinode_args_follow_the_group_order(rendered):
+    for rank, host in enumerate(["node0", "node1"]):
+        line = exec_start(read(rendered, host, "unit.service"))
+        assert "--tp 16" in line
+        assert line.endswith("--nnodes 2 --node-rank %d --dist-init-addr [2001:db8::10]:50000" % rank)
+
+
+def test_no_secret_in_units_or_output(rendered):
+    for host in ("sglangkey", "vllm", "sim"):
+        assert SECRET not in read(rendered, host, "unit.service")
+    # --diff was on: the env and config files' contents must still not reach the output.
+    assert SECRET not in rendered["proc"].stdout
+
+
+def test_hardening_and_restart_policy(rendered):
+    unit = read(rendered, "sglang", "unit.service")
+    for line in ("KillMode=control-group", "Restart=always", "RestartSec=10", "NoNewPrivileges=true",
+                 "ProtectSystem=strict", "PrivateTmp=true", "User=modelwake", "Group=root", "Type=simple",
+                 "CacheDirectory=modelwake/sglang-k26", "StartLimitBurst=5"):
+        assert line in unit.splitlines(), line
+    # The test model is outside /root and /home: homes are hidden entirely.
+    assert directive(unit, "ProtectHome") == ["true"]
+    # 8 MiB of shards (plus config.json) at 1 MiB/s, plus the 100 s init budget.
+    assert directive(unit, "TimeoutStartSec") == ["109"]
+
+
+def test_model_state_lists_the_shards(rendered):
+    state = read(rendered, "sglang", "etc/sglang-k26.model-state").splitlines()
+    assert len(state) == 5  # config.json and 4 shards
+    assert state[1].startswith(os.path.join(rendered["k26"], "model-00001-of-00004.safetensors") + " 2097152 ")
+
+
+BAD_INPUTS = [
+    ({"model_service_host": "0.0.0.0"}, "model_service_api_key is empty"),
+    ({"model_service_extra_args": ["--api-key=abc"]}, "model_service_extra_args contains --api-key"),
+    ({"model_service_env": {"BAD-NAME": "1"}}, "model_service_env keys must be environment variable names"),
+    ({"model_service_unit": "sglang-k26.service"}, "must be a plain unit name"),
+    ({"model_service_tp": 4, "model_service_gpus": [0, 1]}, "at least\nmodel_service_tp entries"),
+    ({"model_service_model_path": "/nonexistent/model"}, "has no config.json or no *.safetensors"),
+    ({"model_service_engine": "tgi"}, "model_service_engine"),
+]
+
+
+@pytest.mark.parametrize("bad,message", BAD_INPUTS, ids=[b[1][:30] for b in BAD_INPUTS])
+def test_bad_input_fails_clearly_and_writes_nothing(tmp_path, bad, message):
+    make_model(str(tmp_path / "model"))
+    host = dict({"model_service_model_path": str(tmp_path / "model")}, **bad)
+    proc, root = run_play(tmp_path, {"bad": host})
+    assert proc.returncode != 0
+    assert " ".join(message.split()) in " ".join(proc.stdout.split()), proc.stdout
+    assert not os.path.exists(os.path.join(str(root), "bad"))
