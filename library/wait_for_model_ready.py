@@ -13,7 +13,7 @@ module: wait_for_model_ready
 short_description: Wait for an SGLang or vLLM server to be ready, telling loading from hung from crashed
 description:
   - Watches a starting inference server (SGLang or vLLM) until a real request succeeds, and says
-    which phase it is in: C(not_started), C(starting), C(loading), C(initializing), C(ready), or
+    which phase it is in - C(not_started), C(starting), C(loading), C(initializing), C(ready), or
     the terminal verdicts C(failed), C(stalled), C(timeout).
   - Instead of one fixed deadline it judges from evidence read on the host - the process tree's CPU
     time (including reaped children) and disk reads (C(read_bytes)), GPU memory through NVML or
@@ -68,7 +68,7 @@ options:
     type: str
   api_key:
     description:
-      - API key of the server, sent as C(Authorization: Bearer). Never logged.
+      - "API key of the server, sent as C(Authorization: Bearer <key>). Never logged."
     type: str
   timeout:
     description:

@@ -1,0 +1,189 @@
+"""The module itself: input validation through AnsibleModule, check mode, and docs = argument spec."""
+import ast
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+
+import wait_for_model_ready as module
+
+
+class AnsibleExitJson(Exception):
+    pass
+
+
+class AnsibleFailJson(Exception):
+    pass
+
+
+def exit_json(self, **kwargs):
+    kwargs.setdefault("changed", False)
+    raise AnsibleExitJson(kwargs)
+
+
+def fail_json(self, msg, **kwargs):
+    kwargs["failed"] = True
+    kwargs["msg"] = msg
+    raise AnsibleFailJson(kwargs)
+
+
+@pytest.fixture(autouse=True)
+def patched_module(monkeypatch):
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+
+
+def run(args, expect=AnsibleExitJson):
+    with patch_module_args(args):
+        with pytest.raises(expect) as info:
+            module.main()
+    return info.value.args[0]
+
+
+SERVER = r"""
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+srv = http.server.HTTPServer(("127.0.0.1", 0), H)
+print(srv.server_address[1], flush=True)
+srv.serve_forever()
+"""
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, universal_newlines=True)
+    port = int(proc.stdout.readline())
+    yield proc.pid, "http://127.0.0.1:%d" % port
+    proc.kill()
+    proc.wait()
+
+
+SECRET = "sk-module-test-7d1e"
+
+
+@pytest.mark.parametrize("args,field", [
+    ({"url": "not a url"}, "url"),
+    ({"url": "ftp://127.0.0.1/"}, "url"),
+    ({"url": "http://127.0.0.1:99999"}, "url"),
+    ({"url": "http://"}, "url"),
+    ({"timeout": -1}, "timeout"),
+    ({"stall_timeout": 0}, "stall_timeout"),
+    ({"stall_timeout": -5}, "stall_timeout"),
+    ({"poll_interval": 0}, "poll_interval"),
+    ({"poll_interval": -1.5}, "poll_interval"),
+    ({"pid": 0}, "pid"),
+    ({"pid": 2 ** 22 + 11}, "pid"),
+    ({"expected_bytes": -1}, "expected_bytes"),
+    ({"gpus": [0, -1]}, "gpus"),
+    ({"model_path": "/nonexistent/Kimi-K2.6"}, "model_path"),
+    ({"progress_path": "/nonexistent-dir/progress.jsonl"}, "progress_path"),
+    ({"unit": "bad unit name"}, "unit"),
+])
+def test_bad_input_fails_at_once_naming_the_field(server, args, field):
+    pid, url = server
+    full = {"url": url, "pid": pid, "timeout": 0, "api_key": SECRET}
+    full.update(args)
+    if "unit" in args:
+        del full["pid"]
+    result = run(full, AnsibleFailJson)
+    assert result["msg"].startswith(field + ":"), result["msg"]
+    assert result["elapsed"] == 0 and result["phase"] == "failed"
+    assert SECRET not in json.dumps(result)
+
+
+def test_model_path_without_weights(server, tmp_path):
+    pid, url = server
+    result = run({"url": url, "pid": pid, "model_path": str(tmp_path)}, AnsibleFailJson)
+    assert result["msg"].startswith("model_path:") and "holds no weight files" in result["msg"]
+
+
+@pytest.mark.parametrize("args,words", [
+    ({"unit": "x.service"}, "mutually exclusive: unit|pid"),
+    ({"pid": None}, "one of the following is required: unit, pid"),
+    ({"engine": "tgi"}, "value of engine must be one of: sglang, vllm, auto"),
+    ({"ready_check": "ping"}, "value of ready_check must be one of: completion, health, models"),
+    ({"timeout": "soon"}, "timeout"),
+])
+def test_argument_spec_rules(server, args, words):
+    pid, url = server
+    full = {"url": url, "pid": pid, "timeout": 0}
+    full.update(args)
+    full = dict((k, v) for k, v in full.items() if v is not None)
+    result = run(full, AnsibleFailJson)
+    assert words in result["msg"]
+
+
+def test_look_once_at_a_real_server_returns_its_phase(server, tmp_path):
+    pid, url = server
+    weights = tmp_path / "model-00001-of-00001.safetensors"
+    weights.write_bytes(b"\0" * 4096)
+    result = run({"url": url, "pid": pid, "timeout": 0, "ready_check": "health", "model_path": str(tmp_path),
+                  "api_key": SECRET})
+    assert result["phase"] == "ready" and result["changed"] is False and result["elapsed"] == 0
+    assert result["pid"] == pid and result["restarts"] == 0
+    assert [p["phase"] for p in result["phases"]] == ["ready"]
+    assert SECRET not in json.dumps(result)
+    # Not ready by the default check (no completion endpoint): the current phase, still no failure.
+    result = run({"url": url, "pid": pid, "timeout": 0})
+    assert result["phase"] == "initializing" and "HTTP /health 200" in result["msg"]
+
+
+def test_check_mode_observes_like_normal_mode(server):
+    pid, url = server
+    result = run({"url": url, "pid": pid, "timeout": 0, "ready_check": "health", "_ansible_check_mode": True})
+    assert result["phase"] == "ready" and result["changed"] is False
+
+
+# -- DOCUMENTATION and the argument spec agree ----------------------------------------------------
+
+DOC_OPTIONS = yaml.safe_load(module.DOCUMENTATION)["options"]
+
+
+def test_documented_options_are_the_argument_spec():
+    assert sorted(DOC_OPTIONS) == sorted(module.ARGUMENT_SPEC)
+
+
+@pytest.mark.parametrize("name", sorted(module.ARGUMENT_SPEC))
+def test_each_option_documented_with_its_type_default_choices_and_elements(name):
+    spec, doc = module.ARGUMENT_SPEC[name], DOC_OPTIONS[name]
+    assert doc["type"] == spec["type"]
+    assert doc.get("default") == spec.get("default")
+    assert doc.get("choices") == spec.get("choices")
+    assert doc.get("elements") == spec.get("elements")
+    assert bool(doc.get("required")) == bool(spec.get("required"))
+    assert doc.get("description"), "option %s has no description" % name
+
+
+def test_secrets_are_no_log_and_documented_as_never_logged():
+    secret_like = [n for n in module.ARGUMENT_SPEC if "key" in n or "token" in n or "password" in n]
+    assert secret_like == ["api_key"]
+    assert module.ARGUMENT_SPEC["api_key"].get("no_log") is True
+    assert "Never logged" in " ".join(DOC_OPTIONS["api_key"]["description"])
+
+
+def test_return_documents_every_agreed_key():
+    returned = yaml.safe_load(module.RETURN)
+    agreed = {"phase", "elapsed", "phases", "msg", "evidence", "bytes_read", "read_rate", "eta", "gpu", "restarts", "pid"}
+    assert agreed <= set(returned)
+
+
+def test_module_and_module_utils_parse_as_python_3_9():
+    # Managed hosts may run Python 3.9: no `match`, no parenthesised context managers.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    files = [module.__file__] + glob.glob(os.path.join(root, "module_utils", "modelwake", "*.py"))
+    assert len(files) > 10
+    for path in files:
+        with open(path) as handle:
+            ast.parse(handle.read(), path, feature_version=(3, 9))
