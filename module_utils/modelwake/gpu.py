@@ -77,13 +77,16 @@ class GpuReader(object):
             return self._read_smi()
         return []
 
+    def _nvml_handles(self):
+        """(index, handle) of each watched GPU."""
+        for index in range(self._nvml.nvmlDeviceGetCount()):
+            if self._watched(index):
+                yield index, self._nvml.nvmlDeviceGetHandleByIndex(index)
+
     def _read_nvml(self):
         nvml = self._nvml
         found = []
-        for index in range(nvml.nvmlDeviceGetCount()):
-            if not self._watched(index):
-                continue
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        for index, handle in self._nvml_handles():
             mem = nvml.nvmlDeviceGetMemoryInfo(handle)
             try:
                 util = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
@@ -124,13 +127,9 @@ class GpuReader(object):
         """[{index, pid, used_memory_mib}]: processes holding memory on the watched GPUs."""
         backend = self._choose()
         if backend == "nvml":
-            nvml = self._nvml
             found = []
-            for index in range(nvml.nvmlDeviceGetCount()):
-                if not self._watched(index):
-                    continue
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            for index, handle in self._nvml_handles():
+                for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle):
                     used = proc.usedGpuMemory  # None when NVML cannot tell (NVML_VALUE_NOT_AVAILABLE)
                     found.append({"index": index, "pid": int(proc.pid),
                                   "used_memory_mib": None if used is None else int(used // MIB)})

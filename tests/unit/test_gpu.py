@@ -29,16 +29,21 @@ DEVICES = [
 ]
 
 
+# The same GPUs as NVML and nvidia-smi describe them: both backends must read them alike.
+EXPECTED_GPUS = [
+    {"index": 0, "uuid": "GPU-aaa", "memory_used_mib": 77824, "memory_total_mib": 97887, "utilization": 0},
+    {"index": 1, "uuid": "GPU-bbb", "memory_used_mib": 512, "memory_total_mib": 97887, "utilization": None},
+]
+EXPECTED_PROCESSES = [{"index": 0, "pid": 4242, "used_memory_mib": 76000},
+                      {"index": 1, "pid": 4243, "used_memory_mib": None}]
+
+
 def test_nvml_backend_reads_memory_in_mib_and_utilisation(fake_nvml):
     fake_nvml.configure(DEVICES)
     reader = gpu.GpuReader()
-    assert reader.read() == [
-        {"index": 0, "uuid": "GPU-aaa", "memory_used_mib": 77824, "memory_total_mib": 97887, "utilization": 0},
-        {"index": 1, "uuid": "GPU-bbb", "memory_used_mib": 512, "memory_total_mib": 97887, "utilization": None},
-    ]
+    assert reader.read() == EXPECTED_GPUS
     assert reader.backend == "nvml"
-    assert reader.compute_processes() == [{"index": 0, "pid": 4242, "used_memory_mib": 76000},
-                                          {"index": 1, "pid": 4243, "used_memory_mib": None}]
+    assert reader.compute_processes() == EXPECTED_PROCESSES
 
 
 def test_gpus_filter_by_index(fake_nvml):
@@ -71,13 +76,9 @@ def scripted_smi(tmp_path, monkeypatch):
 def test_nvidia_smi_fallback_when_nvml_cannot_initialise(fake_nvml, scripted_smi):
     fake_nvml.configure(init_error="NVML Shared Library Not Found")
     reader = gpu.GpuReader(runner=run_command)
-    assert reader.read() == [
-        {"index": 0, "uuid": "GPU-aaa", "memory_used_mib": 77824, "memory_total_mib": 97887, "utilization": 0},
-        {"index": 1, "uuid": "GPU-bbb", "memory_used_mib": 512, "memory_total_mib": 97887, "utilization": None},
-    ]
+    assert reader.read() == EXPECTED_GPUS
     assert reader.backend == "nvidia-smi"
-    assert reader.compute_processes() == [{"index": 0, "pid": 4242, "used_memory_mib": 76000},
-                                          {"index": 1, "pid": 4243, "used_memory_mib": None}]
+    assert reader.compute_processes() == EXPECTED_PROCESSES
     assert [g["index"] for g in gpu.GpuReader(gpus=[0], runner=run_command).read()] == [0]
 
 

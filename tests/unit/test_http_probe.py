@@ -8,6 +8,8 @@ import pytest
 
 from modelwake import http_probe
 
+from loopback import closed_port
+
 SECRET = "sk-test-do-not-log-3f9a"
 
 
@@ -69,14 +71,6 @@ def server():
     srv = Server()
     yield srv
     srv.close()
-
-
-def closed_port():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return port
 
 
 def test_refused_when_nothing_listens():

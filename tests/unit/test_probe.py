@@ -2,7 +2,6 @@
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -12,6 +11,7 @@ from modelwake import procfs
 from modelwake.errors import InputError
 from modelwake.probe import HostProbe
 
+from loopback import closed_port
 from traces import config
 
 FAKES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fakes")
@@ -81,14 +81,6 @@ def test_pid_mode_refuses_a_pid_that_is_gone():
         HostProbe(config(pid=proc.pid))
 
 
-def free_port():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return port
-
-
 class SystemdScript(object):
     """Scripted systemctl/journalctl answers; the unit's MainPID is a real process."""
 
@@ -113,7 +105,7 @@ def test_unit_mode_snapshot_uses_systemd_and_the_journal(fake_nvml):
     proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
         runner = SystemdScript(proc.pid)
-        cfg = config(unit="sglang-k26.service", url="http://127.0.0.1:%d" % free_port())
+        cfg = config(unit="sglang-k26.service", url="http://127.0.0.1:%d" % closed_port())
         snap = HostProbe(cfg, runner=runner, nvml=fake_nvml).snapshot(0.0)
         assert snap.unit["MainPID"] == proc.pid and snap.unit["ActiveState"] == "active"
         # The cgroup is not there (no systemd here): the MainPID's tree stands in.
