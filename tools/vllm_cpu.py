@@ -240,6 +240,8 @@ def make_model(dest, disk_heavy=False):
         _run([python, "-c", _MAKE_MODEL, partial, json.dumps(spec)], env=engine_env())
         with open(os.path.join(partial, ".modelwake-model"), "w") as handle:
             handle.write(wanted)
+        for name in os.listdir(partial):
+            os.chmod(os.path.join(partial, name), 0o644)  # safetensors shards are written 0600
         if os.path.exists(dest):
             shutil.rmtree(dest)
         os.rename(partial, dest)
@@ -463,7 +465,7 @@ def record(model_dir, log_path, trace_path, fault="none", enforce_eager=False, d
                                health_error=None if status else detail.partition(":")[0],
                                log_lines=log_line_count(log_path),
                                exit=popen.poll())
-                if sample["exit"] is not None:
+                if "exit" in sample:
                     break
                 if ready_at is None and status == 200 and fault != "port-in-use":
                     ready_at = time.monotonic()
