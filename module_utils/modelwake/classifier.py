@@ -1,7 +1,8 @@
 """The phase classifier: snapshots in, a verdict out. Pure: no I/O, no clock, no sleeping.
 
 "Why did it say stalled?" is answered here. The rules, in order:
-1. failed   a crash signature in the log (root-cause line as evidence); the process gone (pid
+1. failed   a crash signature in the log (root-cause line as evidence: when no line names the
+            cause yet, one more look waits for the traceback); the process gone (pid
             mode) or the unit failed, stopped after running, restarted (NRestarts up, MainPID
             changed, SubState auto-restart: a crash that exits 0 is still a crash); vLLM's
             /health 503 (dead engine); the URL's port held by a process outside the server.
@@ -92,7 +93,7 @@ class Classifier(object):
             "status_prev": None, "pids_prev": None,
             "last_progress_t": None, "last_progress": None,
             "read_samples": [], "last_read_t": None, "disk_loading_seen": False,
-            "tail": [], "fatal": None,
+            "tail": [], "fatal": None, "fatal_waited": False,
             "main_pid": None, "nrestarts": None, "seen_running": False,
         }
 
@@ -117,7 +118,7 @@ class Classifier(object):
             kind, hint = engines.classify_line(st["engine"], line)
             if kind == "run_start":
                 run_seen = True
-                st.update(tail=[], fatal=None, shards=None, marker_phase=STARTING, marker_line=line,
+                st.update(tail=[], fatal=None, fatal_waited=False, shards=None, marker_phase=STARTING, marker_line=line,
                           ready_hint=False, load_done=False, reset=True)
             st["tail"] = (st["tail"] + [line])[-TAIL_LINES:]
             if kind == "fatal" and run_seen and st["fatal"] is None:
@@ -259,6 +260,10 @@ class Classifier(object):
         cfg = self.config
         if st["fatal"] is not None:
             cause = engines.root_cause(st["tail"], st["fatal"])
+            if cause[0] == st["fatal"] and alive and not st["fatal_waited"]:
+                # No line names the cause yet: its traceback may arrive with the next look.
+                st["fatal_waited"] = True
+                return None
             return Verdict(FAILED, "failed: the server logged a fatal error: %s" % cause[0].strip(),
                            evidence=cause, terminal=True)
         if cfg.unit:

@@ -108,6 +108,7 @@ GENERIC_ERRORS = [
     r"Received sigquit from a child proces",
 ]
 TRACEBACK_TAIL = 20
+WARNING = re.compile(r"\bWARNING\b|\bWarning: ")
 
 _compiled = {}
 
@@ -183,7 +184,8 @@ def root_cause(tail, fatal_line=None):
     """
     cause = None
     for line in tail:
-        if EXCEPTION_LINE.search(line) and not is_generic(line):
+        # A WARNING may quote an exception it only fears (vLLM's ulimit warning names OSError).
+        if EXCEPTION_LINE.search(line) and not is_generic(line) and not WARNING.search(line):
             cause = line
             break
     if cause is None:

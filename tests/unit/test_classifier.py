@@ -162,6 +162,24 @@ def test_truncated_shard_names_the_safetensor_error_not_only_the_final_runtime_e
     assert any("Traceback (most recent call last)" in line for line in final.evidence)
 
 
+def test_fatal_line_whose_traceback_comes_a_poll_later_waits_one_look_for_the_cause():
+    cfg = config(engine="vllm")
+    trace = Trace(pids=(100, 200, 311))
+    verdicts = replay(cfg, [trace.step(0), trace.step(5, cpu=1, lines=VLLM_TRUNCATED_SHARD[:3]),
+                            trace.step(10, cpu=1, lines=VLLM_TRUNCATED_SHARD[3:] + VLLM_FINAL)])
+    assert [v.phase for _t, v in verdicts] == ["starting", "loading", "failed"]
+    assert "SafetensorError" in verdicts[-1][1].evidence[0]
+
+
+def test_fatal_line_without_any_cause_fails_on_the_next_look():
+    cfg = config(engine="sglang")
+    trace = Trace()
+    watchdog = SGLANG_PREFIX + "Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)"
+    verdicts = replay(cfg, [trace.step(0), trace.step(5, cpu=1, lines=[watchdog]), trace.step(10, cpu=1)])
+    assert [v.phase for _t, v in verdicts] == ["starting", "starting", "failed"]
+    assert verdicts[-1][1].evidence[0] == watchdog
+
+
 def test_only_a_final_wrapper_still_names_the_first_specific_error():
     cfg = config(engine="vllm")
     trace = Trace()
@@ -297,7 +315,9 @@ OLD_CRASH = ["[2026-05-25 18:00:00 TP0] Scheduler hit an exception: Traceback (m
 ], ids=["no-run-marker", "crash-of-earlier-run", "crash-of-this-run"])
 def test_fatal_lines_in_a_file_tail_count_only_when_they_follow_a_run_start(context, expected):
     cfg = config(engine="sglang")
-    _t, final = replay(cfg, [Trace().step(0, context=context)])[-1]
+    trace = Trace()
+    # Two looks: a crash line without a named cause waits one look for its traceback.
+    _t, final = replay(cfg, [trace.step(0, context=context), trace.step(5, cpu=1)])[-1]
     assert final.phase == expected
 
 

@@ -1,0 +1,101 @@
+"""The classifier replaying REAL vLLM CPU starts recorded in tests/fixtures/traces/.
+
+Each recording holds the server's exact log bytes and 1-second samples of its process tree
+(ticks, reaped-children ticks, read_bytes, states) and of /health. The replay feeds them through
+the same pieces the module uses (logs.split_records, procfs.TreeCounter, the Classifier).
+"""
+import json
+import os
+
+import pytest
+
+from modelwake import logs, procfs
+from modelwake.classifier import Classifier
+from modelwake.snapshot import Snapshot
+
+from traces import config, http
+
+TRACES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "traces")
+
+
+def recorded(case):
+    """Snapshots of a recording: one per sample, plus the `ready` event as a passing completion."""
+    with open(os.path.join(TRACES, "vllm-%s.log" % case), "rb") as handle:
+        log = handle.read()
+    with open(os.path.join(TRACES, "vllm-%s.jsonl" % case)) as handle:
+        rows = [json.loads(line) for line in handle]
+    root = rows[0]["pid"]
+    counter = procfs.TreeCounter()
+    offset, partial = 0, b""
+    http_now = http("refused")
+    for row in rows:
+        if row.get("event") == "ready":
+            yield Snapshot(t=row["t"], process=last_process, http=http(200, models=200, completion=200, ready=True, model="tiny-llama"))
+            continue
+        if "procs" not in row:
+            continue
+        # The log up to the row's newline count: the bytes a tailer would have read by then.
+        end = offset
+        for _ in range(row["log_lines"] - log.count(b"\n", 0, offset)):
+            end = log.index(b"\n", end) + 1
+        lines, partial = logs.split_records(partial + log[offset:end])
+        offset = end
+        procs = dict((p["pid"], {"pid": p["pid"], "starttime": 0, "own_ticks": p["cpu"], "child_ticks": p["ccpu"],
+                                 "read_bytes": p.get("read_bytes"), "state": p["state"]}) for p in row["procs"])
+        alive = "exit" not in row
+        cpu, read_bytes = counter.update(procs if alive else {})
+        last_process = {"root_pid": root, "alive": alive, "pids": sorted(procs) if alive else [],
+                        "cpu_seconds": cpu, "read_bytes": read_bytes,
+                        "states": dict((str(p), i["state"]) for p, i in procs.items()) if alive else {}}
+        if "health" in row:
+            http_now = http(row["health"])
+        elif row.get("health_error") == "TimeoutError":
+            http_now = http("timeout")
+        else:
+            http_now = http("refused")
+        yield Snapshot(t=row["t"], process=last_process, log_lines=lines, http=http_now)
+
+
+def run(case, **overrides):
+    cfg = config(engine="auto", **overrides)
+    classifier = Classifier(cfg)
+    verdicts = []
+    for snap in recorded(case):
+        verdict = classifier.observe(snap)
+        verdicts.append((snap.t, verdict))
+        if verdict.terminal or verdict.phase == "ready":
+            break
+    return verdicts
+
+
+def test_real_start_with_19_s_of_silent_compilation_is_never_stalled():
+    # stall_timeout 10 s: shorter than the silence; the g++ time in cutime is the progress.
+    verdicts = run("start", stall_timeout=10)
+    t_end, final = verdicts[-1]
+    assert final.phase == "ready" and t_end == pytest.approx(46.08)
+    assert final.engine == "vllm"
+    seen = [p["phase"] for p in final.phases]
+    assert seen[0] == "starting" and seen[-1] == "ready" and "loading" in seen and "initializing" in seen
+    silent = [v for t, v in verdicts if 26 <= t <= 44]
+    assert silent and all(v.phase == "initializing" for v in silent)
+    assert any("CPU" in v.last_progress["what"] for v in silent)
+
+
+def test_real_truncated_shard_fails_with_the_safetensor_error_first():
+    t_end, final = run("truncated-shard")[-1]
+    assert final.phase == "failed" and t_end <= 25
+    assert "SafetensorError: Error while deserializing header: incomplete metadata" in final.evidence[0]
+    assert "SafetensorError" in final.msg
+    assert "Found ulimit" not in " ".join(final.evidence[:1])  # a WARNING that mentions OSError is not it
+
+
+def test_real_missing_config_fails_with_the_validation_error():
+    t_end, final = run("no-config")[-1]
+    assert final.phase == "failed" and t_end <= 8.5
+    assert "ValidationError: 1 validation error for ModelConfig" in final.evidence[0]
+
+
+def test_real_port_in_use_fails_with_errno_98():
+    t_end, final = run("port-in-use")[-1]
+    assert final.phase == "failed" and t_end <= 8
+    assert "OSError: [Errno 98] Address already in use" in final.evidence[0]
