@@ -263,12 +263,17 @@ def test_missing_config_fails_like_the_engine(tmp_path, start_sim):
     assert "Invalid repository ID or local directory specified" in sim.log()
 
 
-def test_vllm_crash0_exits_zero_after_the_worker_died(model_dir, start_sim):
-    sim = start_sim("vllm", model_dir, "--fault", "crash0:loading", "--fault-after", "0.1")
+@pytest.mark.parametrize("engine,lines", [
+    ("vllm", ["Worker proc VllmWorker-0 died unexpectedly (exit code: -9)", "EngineDeadError"]),
+    ("sglang", ["Rank 0 scheduler is dead. Please check if there are relevant logs.", "Exit code: -9"]),
+])
+def test_crash0_exits_zero_after_rank0_died(model_dir, start_sim, engine, lines):
+    sim = start_sim(engine, model_dir, "--fault", "crash0:loading", "--fault-after", "0.1")
     assert sim.wait_exit() == 0
     log = sim.log()
-    assert "Worker proc VllmWorker-0 died unexpectedly (exit code: -9)" in log
-    assert "EngineDeadError" in log
+    for line in lines:
+        assert line in log
+    assert not sim.tree()
 
 
 def test_crash1_in_starting_exits_one_with_a_traceback(model_dir, start_sim):

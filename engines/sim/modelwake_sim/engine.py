@@ -121,8 +121,7 @@ class ApiServer:
             except OSError:
                 chunk = b""
             if not chunk:
-                self.events.put({"ev": "eof"})
-                return
+                return  # the whole tree closed its ends; the exit watchers report how it ended
             buf += chunk
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)

@@ -44,14 +44,12 @@ class SGLangServer(engine.ApiServer):
             elif kind == "warmup_failed":
                 self.log.error("Initialization failed. warmup error: %s" % event.get("error", ""))
                 self._die(1)
-            elif kind == "exit" and event["code"] != 0:
+            elif kind == "exit":
                 # A scheduler that vanished without SIGQUIT (killed, or crash0): say which and leave.
                 rank = self.children.index(event["pid"]) if event["pid"] in self.children else 0
                 self.log.error("Rank %d scheduler is dead. Please check if there are relevant logs." % rank)
                 self.log.error("Exit code: %d" % event["code"])
                 self._die(0)
-            elif kind == "eof":
-                self._die(0, kill=False)
 
     def _on_sigquit(self, signum, frame):
         self.log.error("Received sigquit from a child proces. It usually means the child failed.")

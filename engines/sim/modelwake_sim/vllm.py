@@ -50,6 +50,12 @@ class VLLMServer(engine.ApiServer):
             elif kind == "engine_dead":
                 self._engine_dead(event.get("code", 0))
             elif kind == "exit" and event["pid"] == core:
+                # EngineCore reports how it failed before exiting, but through the status pipe's
+                # reader thread: give that report the chance to arrive first.
+                late = self._late_event(("engine_failed", "engine_dead"))
+                if late is not None:
+                    self.events.put(late)
+                    continue
                 if self.state == "ready":
                     self._engine_dead(0)
                 self.log.traceback(
@@ -57,8 +63,18 @@ class VLLMServer(engine.ApiServer):
                     "RuntimeError: Engine core initialization failed. See root cause above. "
                     "Failed core proc(s): {'EngineCore': %d}" % event["code"])
                 self._die(1)
-            elif kind == "eof":
-                self._die(0, kill=False)
+
+    def _late_event(self, kinds, wait=0.5):
+        """The first queued event of `kinds` arriving within `wait` seconds, or None."""
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                event = self.events.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if event.get("ev") in kinds:
+                return event
+        return None
 
     def _non_default_args(self):
         args = {"model": self.opts.model_path, "trust_remote_code": True,
