@@ -4,16 +4,16 @@ import os
 
 import pytest
 
-from test_testhosts import status, tool
+from test_testhosts import tool
 
 pytestmark = pytest.mark.slow
 
 
 def test_down_of_the_last_guest_removes_the_bridge():
     name = "mwt-last"
-    others = [n for n, g in status().items() if g["state"] == "running"]
-    if others:
-        pytest.skip("other guests are running (%s): the bridge is theirs too" % ", ".join(others))
+    ports = "/sys/class/net/mwbr0/brif"
+    if os.path.isdir(ports) and os.listdir(ports):
+        pytest.skip("other guests are on the bridge (%s): it is theirs too" % ", ".join(os.listdir(ports)))
     try:
         tool("up", name)
         assert os.path.isdir("/sys/class/net/mwbr0")
