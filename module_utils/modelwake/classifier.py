@@ -431,7 +431,7 @@ class Classifier(object):
         phases = self.state["phases"]
         if not phases or phases[-1]["phase"] != phase:
             phases.append({"phase": phase, "start": round(t, 1), "duration": 0.0})
-        phases[-1]["duration"] = round(t - phases[-1]["start"], 1)
+        phases[-1]["duration"] = max(0.0, round(t - phases[-1]["start"], 1))  # start is rounded too
         self.state["phase"] = phase
 
     def _fill(self, verdict, t, snap, proc):

@@ -190,6 +190,9 @@ def root_cause(tail, fatal_line=None):
             break
     if cause is None:
         cause = fatal_line
+    # The tail of the last traceback (not the banner or config lines before it), at most TRACEBACK_TAIL lines.
+    starts = [i for i, line in enumerate(tail) if "Traceback (most recent call last)" in line]
+    recent = tail[starts[-1]:] if starts else tail
     evidence = [cause] if cause is not None else []
-    evidence.extend(line for line in tail[-TRACEBACK_TAIL:] if line != cause)
+    evidence.extend(line for line in recent[-TRACEBACK_TAIL:] if line != cause)
     return evidence

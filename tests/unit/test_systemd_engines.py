@@ -122,5 +122,9 @@ def test_root_cause_is_the_first_specific_error_then_the_traceback_tail():
     assert evidence[0] == "OSError: [Errno 98] Address already in use"
     assert evidence[-1] == tail[-1]
     assert len(evidence) <= 1 + engines.TRACEBACK_TAIL
+    with_banner = ["server_args=ServerArgs(model_path='/m')", "Traceback (most recent call last):",
+                   '  File "x.py", line 1', "torch.OutOfMemoryError: CUDA out of memory."]
+    assert engines.root_cause(with_banner) == ["torch.OutOfMemoryError: CUDA out of memory.",
+                                               "Traceback (most recent call last):", '  File "x.py", line 1']
     assert engines.root_cause(["Scheduler hit an exception: boom"], "Scheduler hit an exception: boom")[0] == \
         "Scheduler hit an exception: boom"
