@@ -273,7 +273,7 @@ class Classifier(object):
         elif not alive:
             pid = proc.get("root_pid") or cfg.pid
             return Verdict(FAILED, "failed: process %s exited %s into the wait, in phase %s"
-                           % (pid, self._ago(t), st["phase"] or STARTING),
+                           % (pid, self._secs(t), st["phase"] or STARTING),
                            evidence=self._crash_evidence(), terminal=True)
         health = (snap.http or {}).get("health") or {}
         if st["engine"] == "vllm" and health.get("kind") == "status" and health.get("code") == 503:
@@ -311,7 +311,7 @@ class Classifier(object):
                            evidence=self._crash_evidence(), terminal=True)
         if st["main_pid"] and main_pid and main_pid != st["main_pid"]:
             return Verdict(FAILED, "failed: unit %s's main process changed from %d to %d %s into the wait: "
-                           "the server restarted (%s)" % (name, st["main_pid"], main_pid, self._ago(t), detail),
+                           "the server restarted (%s)" % (name, st["main_pid"], main_pid, self._secs(t), detail),
                            evidence=self._crash_evidence(), terminal=True)
         if unit.get("SubState") == "auto-restart":
             return Verdict(FAILED, "failed: unit %s's process exited and systemd waits to restart it (%s)"
@@ -321,7 +321,7 @@ class Classifier(object):
                            evidence=self._crash_evidence(), terminal=True)
         if not running and st["seen_running"]:
             return Verdict(FAILED, "failed: unit %s stopped %s into the wait (%s); a crash can exit 0"
-                           % (name, self._ago(t), detail), evidence=self._crash_evidence(), terminal=True)
+                           % (name, self._secs(t), detail), evidence=self._crash_evidence(), terminal=True)
         if running:
             st["seen_running"] = True
             if main_pid and not st["main_pid"]:
@@ -477,6 +477,3 @@ class Classifier(object):
     @staticmethod
     def _secs(seconds):
         return "%d s" % round(seconds)
-
-    def _ago(self, t):
-        return self._secs(t)

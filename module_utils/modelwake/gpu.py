@@ -59,10 +59,13 @@ class GpuReader(object):
         rc, _out, err = self.runner(SMI_GPU_QUERY, 20)
         if rc == 0:
             self.backend = "nvidia-smi"
+            self.error = None
+        elif rc == 127:
+            self.backend = "none"
+            self.error = None  # neither NVML nor nvidia-smi: a host without GPUs, which is normal
         else:
             self.backend = "none"
-            if rc != 127:
-                self.error = "nvidia-smi failed (rc %d): %s" % (rc, err.strip()[:200])
+            self.error = "nvidia-smi failed (rc %d): %s" % (rc, err.strip()[:200])
         return self.backend
 
     def _watched(self, index):

@@ -19,11 +19,14 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
     look_once = not config.timeout
     classifier = Classifier(config)
     progress_error = None
+    warnings = []
     while True:
         t = clock() - start
         remaining = None if look_once else max(0.0, config.timeout - t)
         snap = probe.snapshot(t, remaining)
         verdict = classifier.observe(snap)
+        # Signals that could not be read (journal access, systemctl, a GPU driver): said once.
+        warnings.extend(e for e in snap.errors if e not in warnings)
         if config.progress_path and progress_error is None:
             progress_error = _append_progress(config.progress_path, snap, verdict)
         if on_snapshot is not None:
@@ -36,7 +39,9 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
     result["elapsed"] = int(round(clock() - start))
     result["failed"] = not look_once and verdict.phase != READY
     if progress_error:
-        result["warnings"] = [progress_error]
+        warnings.append(progress_error)
+    if warnings:
+        result["warnings"] = warnings
     return result
 
 

@@ -77,7 +77,7 @@ def test_nvidia_smi_fallback_when_nvml_cannot_initialise(fake_nvml, scripted_smi
     fake_nvml.configure(init_error="NVML Shared Library Not Found")
     reader = gpu.GpuReader(runner=run_command)
     assert reader.read() == EXPECTED_GPUS
-    assert reader.backend == "nvidia-smi"
+    assert reader.backend == "nvidia-smi" and reader.error is None
     assert reader.compute_processes() == EXPECTED_PROCESSES
     assert [g["index"] for g in gpu.GpuReader(gpus=[0], runner=run_command).read()] == [0]
 
@@ -88,8 +88,11 @@ def test_nvidia_smi_when_pynvml_is_not_installed(monkeypatch, scripted_smi):
     assert len(reader.read()) == 2 and reader.backend == "nvidia-smi"
 
 
-def test_no_gpu_at_all_is_empty_not_an_error(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "pynvml", None)
+@pytest.mark.parametrize("nvml_installed", [False, True])
+def test_no_gpu_at_all_is_empty_not_an_error(monkeypatch, tmp_path, fake_nvml, nvml_installed):
+    fake_nvml.configure(init_error="NVML Shared Library Not Found")
+    if not nvml_installed:
+        monkeypatch.setitem(sys.modules, "pynvml", None)
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
     reader = gpu.GpuReader()
     assert reader.read() == [] and reader.compute_processes() == []

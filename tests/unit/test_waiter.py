@@ -117,3 +117,16 @@ def test_unwritable_progress_path_is_a_warning_not_the_end(tmp_path):
     cfg = config(timeout=0, progress_path=str(tmp_path / "missing-dir" / "p.jsonl"))
     result = wait_for_ready(cfg, probe, clock=clock, sleep=clock.sleep)
     assert "could not be written" in result["warnings"][0]
+
+
+def test_unreadable_signals_become_warnings_once():
+    clock = FakeClock()
+
+    def story(trace, t):
+        snap = trace.step(t, cpu=1.0)
+        snap.errors = ["journalctl failed (rc 1): No journal files were opened due to insufficient permissions."]
+        return snap
+
+    result = wait_for_ready(config(timeout=20, poll_interval=5), ReplayProbe(clock, story), clock=clock, sleep=clock.sleep)
+    assert result["phase"] == "timeout"
+    assert result["warnings"] == ["journalctl failed (rc 1): No journal files were opened due to insufficient permissions."]
