@@ -88,7 +88,7 @@ class Classifier(object):
             "t0": None, "t_prev": None,
             "phase": None, "phases": [],
             "marker_phase": None, "marker_line": None, "ready_hint": False, "reset": False,
-            "shards": None, "load_t": None, "load_done": False,
+            "shards": None, "load_t": None,
             "cpu_prev": None, "read_prev": None, "gpu_prev": {}, "http_prev": None,
             "status_prev": None, "pids_prev": None,
             "last_progress_t": None, "last_progress": None,
@@ -116,10 +116,12 @@ class Classifier(object):
             if st["engine"] == "auto":
                 st["engine"] = engines.detect_engine(line) or "auto"
             kind, hint = engines.classify_line(st["engine"], line)
+            if kind == "probe":
+                continue
             if kind == "run_start":
                 run_seen = True
                 st.update(tail=[], fatal=None, fatal_waited=False, shards=None, marker_phase=STARTING, marker_line=line,
-                          ready_hint=False, load_done=False, reset=True)
+                          ready_hint=False, reset=True)
             st["tail"] = (st["tail"] + [line])[-TAIL_LINES:]
             if kind == "fatal" and run_seen and st["fatal"] is None:
                 st["fatal"] = line

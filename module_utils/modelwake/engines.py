@@ -78,15 +78,16 @@ FATAL = {
     ],
 }
 
-# Printed during legitimate slow work AND during real hangs, or caused by our own probes:
-# never evidence of progress.
+# Printed during legitimate slow work AND during real hangs: never evidence of progress.
 HEARTBEAT = [
     r"No available shared memory broadcast block found in \d+ seconds",
     r"Waiting for \d+ local, \d+ remote core engine proc",
-    r"\"(GET|POST) /(health|health_generate|v1/models|v1/completions|get_model_info)\S* HTTP/[\d.]+\" \d{3}",
     r"Health check failed",
     r"Health check request received during shutdown",
 ]
+# Access-log lines of the probes (ours, and SGLang's own warm-up polling): neither progress nor
+# evidence worth showing.
+PROBE_ACCESS = re.compile(r"\"(GET|POST) /(health|health_generate|v1/models|v1/completions|get_model_info)\S* HTTP/[\d.]+\" \d{3}")
 
 # Lines only one engine prints: how `engine: auto` decides.
 SIGNATURES = {
@@ -137,7 +138,7 @@ def detect_engine(line):
 
 
 def classify_line(engine, line):
-    """(kind, phase hint) of one log line: kind is run_start, fatal, heartbeat, marker or other.
+    """(kind, phase hint) of one log line: kind is run_start, fatal, heartbeat, probe, marker or other.
 
     With engine 'auto', a line both engines print with different meanings gets the more
     cautious one (`Application startup complete.` is ready for vLLM, only warm-up for SGLang).
@@ -149,6 +150,8 @@ def classify_line(engine, line):
         return "fatal", None
     if _any(HEARTBEAT, line):
         return "heartbeat", None
+    if PROBE_ACCESS.search(line):
+        return "probe", None
     hints = []
     for name in names:
         for pattern, phase in MARKERS[name]:

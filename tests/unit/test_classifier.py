@@ -94,6 +94,17 @@ def test_hang_heartbeat_lines_and_gpu_utilisation_are_not_progress():
             assert verdict.last_progress["t"] == 100.0, "shm heartbeat or GPU util counted at t=%s" % t
 
 
+def test_access_log_lines_of_our_own_probes_are_neither_progress_nor_evidence():
+    cfg = config(engine="sglang", stall_timeout=30, poll_interval=5)
+    trace = Trace()
+    access = 'INFO:     127.0.0.1:%d - "GET /health HTTP/1.1" 503 Service Unavailable'
+    snaps = [trace.step(0, lines=["INFO:     Uvicorn running on http://0.0.0.0:30001"], http_result=http(503))]
+    snaps += [trace.step(t, lines=[access % (40000 + t)], http_result=http(503)) for t in range(5, 100, 5)]
+    t_end, final = replay(cfg, snaps)[-1]
+    assert (t_end, final.phase) == (30, "stalled")
+    assert final.evidence == ["INFO:     Uvicorn running on http://0.0.0.0:30001"]
+
+
 def test_tqdm_redraw_of_the_same_shard_is_not_progress():
     cfg = config(engine="sglang", stall_timeout=20, poll_interval=5)
     trace = Trace()
