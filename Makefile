@@ -42,7 +42,8 @@ molecule: venv system-deps ## Molecule scenarios on systemd-nspawn test hosts
 
 test: system-deps venv lint unit integration molecule ## Everything CI runs
 
-demo: system-deps venv ## Boot a test host and deploy the simulated K2.6 to it
+demo: system-deps venv hosts-up ## Boot a test host and deploy the simulated K2.6 to it
+	ansible-playbook -i inventories/demo playbooks/demo-model.yml
 	ansible-playbook -i inventories/demo deploy-k26.yml
 
 hosts-up: system-deps venv ## Bring the demo test hosts up
