@@ -43,6 +43,7 @@ class GpuReader(object):
         self._nvml = nvml
         self.backend = None
         self.error = None
+        self.no_gpu_tools = False
 
     def _choose(self):
         if self.backend is not None:
@@ -60,12 +61,13 @@ class GpuReader(object):
         if rc == 0:
             self.backend = "nvidia-smi"
             self.error = None
-        elif rc == 127:
-            self.backend = "none"
-            self.error = None  # neither NVML nor nvidia-smi: a host without GPUs, which is normal
         else:
             self.backend = "none"
-            self.error = "nvidia-smi failed (rc %d): %s" % (rc, err.strip()[:200])
+            # No usable NVML and no nvidia-smi: a host without GPUs, which is normal; `error`
+            # still tells a preflight why NVML did not answer.
+            self.no_gpu_tools = rc == 127
+            if rc != 127:
+                self.error = "nvidia-smi failed (rc %d): %s" % (rc, err.strip()[:200])
         return self.backend
 
     def _watched(self, index):

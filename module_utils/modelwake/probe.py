@@ -77,7 +77,7 @@ class HostProbe(object):
         except Exception as exc:  # a driver error must not end the wait: GPUs are one signal of many
             gpus = []
             errors.append("GPU read failed: %s" % exc)
-        if self.gpus.error:
+        if self.gpus.error and not self.gpus.no_gpu_tools:
             errors.append(self.gpus.error)
         new_lines, context = [], []
         for source in self.sources:

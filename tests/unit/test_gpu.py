@@ -96,7 +96,8 @@ def test_no_gpu_at_all_is_empty_not_an_error(monkeypatch, tmp_path, fake_nvml, n
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
     reader = gpu.GpuReader()
     assert reader.read() == [] and reader.compute_processes() == []
-    assert reader.backend == "none" and reader.error is None
+    assert reader.backend == "none" and reader.no_gpu_tools is True
+    assert (reader.error is not None) == nvml_installed  # why NVML did not answer, for a preflight
 
 
 def test_failing_nvidia_smi_is_reported(monkeypatch):

@@ -67,6 +67,7 @@ def test_pid_mode_snapshot_of_a_real_server(server, fake_nvml):
     assert snap.http["health"]["code"] == 503 and snap.http["listening"] is True
     assert [o["pid"] for o in snap.listeners] == [proc.pid]
     json.dumps(snap.to_dict())  # plain data
+    assert snap.errors == []
     proc.kill()
     proc.wait()
     gone = probe.snapshot(5.0)
@@ -128,3 +129,13 @@ def test_unit_mode_refuses_a_unit_that_does_not_exist(fake_nvml):
 def test_procfs_sees_the_probe_server_as_the_listener(server):
     proc, port, _log = server
     assert procfs.listening_socket_owner(port)["pid"] == proc.pid
+
+
+def test_a_host_without_gpu_tools_is_no_warning_but_a_broken_driver_is(server, fake_nvml):
+    proc, port, _log = server
+    fake_nvml.configure(init_error="NVML Shared Library Not Found")
+    cfg = config(pid=proc.pid, url="http://127.0.0.1:%d" % port, ready_check="health")
+    no_tools = HostProbe(cfg, nvml=fake_nvml, runner=lambda argv, timeout=30: (127, "", "nvidia-smi: command not found"))
+    assert no_tools.snapshot(0.0).errors == []
+    broken = HostProbe(cfg, nvml=fake_nvml, runner=lambda argv, timeout=30: (9, "", "couldn't communicate with the NVIDIA driver"))
+    assert broken.snapshot(0.0).errors == ["nvidia-smi failed (rc 9): couldn't communicate with the NVIDIA driver"]
