@@ -1,6 +1,7 @@
 """The wait's settings, validated up front: bad input fails before anything is observed."""
 import dataclasses
 import glob
+import ipaddress
 import os
 import re
 import socket
@@ -13,7 +14,6 @@ from .errors import InputError
 ENGINES = ("sglang", "vllm", "auto")
 READY_CHECKS = ("completion", "health", "models")
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
-LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "::")
 UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\@-]+$")
 
 
@@ -48,7 +48,15 @@ class WaitConfig(object):
         return parsed.port or (443 if parsed.scheme == "https" else 80)
 
     def url_is_local(self):
-        return (urlparse(self.url).hostname or "") in LOOPBACK_HOSTS
+        """The URL names this host's loopback or wildcard address: its port's owner is visible here."""
+        host = urlparse(self.url).hostname or ""
+        if host == "localhost":
+            return True
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return address.is_loopback or address.is_unspecified
 
 
 def weights_size(model_path):

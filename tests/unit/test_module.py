@@ -12,6 +12,7 @@ from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
 import wait_for_model_ready as module
+from modelwake.config import WaitConfig
 
 
 class AnsibleExitJson(Exception):
@@ -101,6 +102,15 @@ def test_bad_input_fails_at_once_naming_the_field(server, args, field):
     assert result["msg"].startswith(field + ":"), result["msg"]
     assert result["elapsed"] == 0 and result["phase"] == "failed"
     assert SECRET not in json.dumps(result)
+
+
+@pytest.mark.parametrize("url,local", [
+    ("http://127.0.0.1:30001", True), ("http://127.0.0.2:8000", True), ("http://[::1]:8000", True),
+    ("http://localhost:8000", True), ("http://0.0.0.0:8000", True), ("http://10.0.0.5:8000", False),
+    ("https://k26.example.org", False),
+])
+def test_which_urls_let_the_port_owner_be_checked(url, local):
+    assert WaitConfig(url=url, pid=1).url_is_local() is local
 
 
 def test_model_path_without_weights(server, tmp_path):
