@@ -1,0 +1,133 @@
+"""A simulated engine run with the ground truth the benchmarks compare against.
+
+The engine's stdout goes through a pipe read here: each line is stamped with the wall clock the
+moment it arrives (the sim's own timestamps have 1 s resolution) and appended to the log file the
+readiness module reads (`log_path`). The exit is stamped by a thread blocked in wait().
+Every engine runs in its own session and is stopped by process group, whatever happened.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIM_PATH = os.path.join(ROOT, "engines", "sim")
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def sim_env(extra=None):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = SIM_PATH
+    env.pop("MODELWAKE_API_KEY", None)
+    env.update(extra or {})
+    return env
+
+
+def make_model(path, size_mib, shards):
+    """make-model, then sync: the sim drops each shard's page cache before reading it, which only
+    works for clean pages, and read_bytes only counts reads that reach the disk."""
+    subprocess.run([sys.executable, "-m", "modelwake_sim", "make-model", path, "--size-mib", str(size_mib),
+                    "--shards", str(shards), "--quantization", "none"], env=sim_env(), check=True,
+                   stdout=subprocess.DEVNULL)
+    os.sync()
+    return path
+
+
+class SimRun(object):
+    """One engine: `start()`, then `lines` [(wall time, line)], `exit_time`, `stop()`."""
+
+    def __init__(self, engine, model_path, log_path, args=(), port=None, env=None):
+        self.engine = engine
+        self.model_path = model_path
+        self.log_path = log_path
+        self.port = port or free_port()
+        self.args = list(args)
+        self.env = env
+        self.proc = None
+        self.started = None
+        self.lines = []
+        self.exit_time = None
+        self.exit_code = None
+        self._lock = threading.Lock()
+        self._threads = []
+
+    @property
+    def url(self):
+        return "http://127.0.0.1:%d" % self.port
+
+    def start(self):
+        argv = [sys.executable, "-m", "modelwake_sim", "serve", "--engine", self.engine, "--model-path",
+                self.model_path, "--host", "127.0.0.1", "--port", str(self.port)] + self.args
+        self.started = time.time()
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=sim_env(self.env), start_new_session=True)
+        for target in (self._tee, self._reap):
+            thread = threading.Thread(target=target)
+            thread.daemon = True
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def _tee(self):
+        with open(self.log_path, "ab", buffering=0) as log:
+            for raw in iter(self.proc.stdout.readline, b""):
+                now = time.time()
+                log.write(raw)
+                for piece in raw.decode("utf-8", "replace").replace("\r\n", "\n").split("\r"):
+                    if piece.strip():
+                        with self._lock:
+                            self.lines.append((now, piece.rstrip("\n")))
+
+    def _reap(self):
+        code = self.proc.wait()
+        self.exit_time = time.time()
+        self.exit_code = code
+
+    def first(self, text, after=0.0):
+        """Wall time of the first line holding `text` (at or after `after`), or None."""
+        with self._lock:
+            for when, line in self.lines:
+                if when >= after and text in line:
+                    return when
+        return None
+
+    def wait_for(self, text, timeout):
+        """Block until a line holds `text`; its wall time, or None when the deadline or the exit came first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            when = self.first(text)
+            if when is not None:
+                return when
+            if self.exit_time is not None:
+                return self.first(text)
+            time.sleep(0.05)
+        return None
+
+    def stop(self):
+        """SIGTERM to the process group, SIGKILL after 10 s; always reaps."""
+        if self.proc is None:
+            return
+        for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # ranks left behind by a crash or a hang
+        except ProcessLookupError:
+            pass
+        for thread in self._threads:
+            thread.join(timeout=5)
