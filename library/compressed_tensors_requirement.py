@@ -79,12 +79,15 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.modelwake.pyenv import PyEnvError, plan_compressed_tensors, read_model_formats
 
 
+ARGUMENT_SPEC = {
+    "model_path": {"type": "path", "default": ""},
+    "version": {"type": "str", "default": ""},
+}
+
+
 def main():
     module = AnsibleModule(
-        argument_spec={
-            "model_path": {"type": "path", "default": ""},
-            "version": {"type": "str", "default": ""},
-        },
+        argument_spec=ARGUMENT_SPEC,
         supports_check_mode=True,
     )
     model_path, pin = module.params["model_path"], module.params["version"].strip()

@@ -17,8 +17,8 @@ description:
     imports I(verify_module) and checks the enum members.
   - On failure of the install or the verification, removes what the attempt added, reinstalls what
     it replaced at the recorded versions, proves the venv matches the record and fails.
-  - After a successful install, runs C(pip check) and returns its lines as warnings (never fatal:
-    an engine's exact pin of the upgraded package is expected to conflict).
+  - After a successful install, runs C(pip check) and returns its lines as warnings (never fatal, as
+    an exact pin of the upgraded package by the engine is expected to conflict).
 options:
   venv:
     description: Absolute path of the virtual environment (it must have pip).
@@ -133,29 +133,35 @@ from ansible.module_utils.modelwake.pyenv import (
 )
 
 
+ARGUMENT_SPEC = {
+    "venv": {"type": "path", "required": True},
+    "name": {"type": "str", "required": True},
+    "version": {"type": "str", "required": True},
+    "match": {"type": "str", "choices": ["exact", "minimum"], "default": "exact"},
+    "protect": {"type": "list", "elements": "str", "default": []},
+    "find_links": {"type": "list", "elements": "path", "default": []},
+    "no_index": {"type": "bool", "default": False},
+    "index_url": {"type": "str", "default": ""},
+    "verify_module": {"type": "str", "default": ""},
+    "verify_attribute": {"type": "str", "default": ""},
+    "verify_values": {"type": "list", "elements": "str", "default": []},
+    "pip_check": {"type": "bool", "default": True},
+}
+
+
 def main():
     module = AnsibleModule(
-        argument_spec={
-            "venv": {"type": "path", "required": True},
-            "name": {"type": "str", "required": True},
-            "version": {"type": "str", "required": True},
-            "match": {"type": "str", "choices": ["exact", "minimum"], "default": "exact"},
-            "protect": {"type": "list", "elements": "str", "default": []},
-            "find_links": {"type": "list", "elements": "path", "default": []},
-            "no_index": {"type": "bool", "default": False},
-            "index_url": {"type": "str", "default": ""},
-            "verify_module": {"type": "str", "default": ""},
-            "verify_attribute": {"type": "str", "default": ""},
-            "verify_values": {"type": "list", "elements": "str", "default": []},
-            "pip_check": {"type": "bool", "default": True},
-        },
+        argument_spec=ARGUMENT_SPEC,
         required_if=[("no_index", True, ("find_links",))],
         supports_check_mode=True,
     )
     p = module.params
-    for path in p["find_links"]:
-        if not os.path.isdir(path):
-            module.fail_json(msg="find_links: %s is not a directory on the host" % path)
+
+    def sources_ready():
+        # Checked only when pip is about to run: the role stages wheels only when an install is due.
+        for path in p["find_links"]:
+            if not os.path.isdir(path):
+                raise PyEnvError("find_links: %s is not a directory on the host" % path)
 
     def run(argv):
         return module.run_command(argv, environ_update={"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"})
@@ -174,7 +180,7 @@ def main():
                     handle.write("\n".join(lines) + "\n")
         result = install_transaction(
             run, p["venv"], p["name"], op, p["version"], source, constraints,
-            p["verify_module"], p["verify_attribute"], p["verify_values"], module.check_mode,
+            p["verify_module"], p["verify_attribute"], p["verify_values"], module.check_mode, sources_ready,
         )
     except InstallFailed as exc:
         module.fail_json(msg=str(exc), **exc.result)

@@ -90,8 +90,11 @@ def inspect(run, venv):
     return facts
 
 
+ARGUMENT_SPEC = {"venv": {"type": "path", "required": True}}
+
+
 def main():
-    module = AnsibleModule(argument_spec={"venv": {"type": "path", "required": True}}, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
 
     def run(argv):
         return module.run_command(argv)

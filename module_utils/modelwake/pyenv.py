@@ -319,13 +319,15 @@ def _tail(text, limit=3000):
 
 
 def install_transaction(run, venv, name, op, version, source_args, constraints_file=None,
-                        verify_module="", verify_attribute="", verify_values=(), check_mode=False):
+                        verify_module="", verify_attribute="", verify_values=(), check_mode=False,
+                        before_install=None):
     """Make `name op version` true in `venv`, verified, or leave the venv exactly as it was.
 
     Returns a result dict (changed, before, after, diff, msg). When the install or the
     verification fails, every distribution the attempt added is removed and every one it
     replaced is reinstalled at its recorded version (`--no-deps`, from the same source), the
     venv is snapshotted again and InstallFailed says whether it is identical to before.
+    `before_install()` runs only when pip is about to run (e.g. to check the wheel directories).
     """
     key = canonical_name(name)
     spec = "%s%s%s" % (name, op, version)
@@ -342,6 +344,8 @@ def install_transaction(run, venv, name, op, version, source_args, constraints_f
         return {"changed": False, "action": "none", "before": installed, "after": installed, "diff": {}, "msg": "%s %s already satisfies %s" % (name, installed, spec)}
     if check_mode:
         return {"changed": True, "action": "install", "before": installed, "after": None, "diff": {}, "msg": "would install %s (%s)" % (spec, problem)}
+    if before_install is not None:
+        before_install()
     argv = [venv_python(venv), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"] + list(source_args)
     if constraints_file:
         argv += ["--constraint", constraints_file]

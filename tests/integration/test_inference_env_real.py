@@ -1,0 +1,111 @@
+"""The inference_env role with the REAL compressed-tensors wheels and the real torch 2.13.0 (CPU).
+
+The K2.6 repair end to end without stand-ins: a venv holding torch 2.13.0, transformers and
+compressed-tensors 0.8.1 (whose CompressionFormat lacks nvfp4_pack_quantized) and a model whose
+config.json uses nvfp4-pack-quantized. The role must upgrade to the real 0.15.0.1 offline, bring
+its declared dependency loguru, leave torch alone and prove the member exists by importing it.
+
+The real wheels (about 240 MB, torch included) are downloaded once into
+${MODELWAKE_CACHE:-~/.cache/modelwake}/inference_env/real-wheels with pip's own configuration (the
+index is needed that first time only); the venv holding torch is built once from them, offline,
+and copied for each run. The role's runs themselves reach no index.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "inference_env"))
+import envkit  # noqa: E402  pylint: disable=wrong-import-position
+
+pytestmark = pytest.mark.slow
+
+CACHE = os.path.join(os.environ.get("MODELWAKE_CACHE") or os.path.expanduser("~/.cache/modelwake"), "inference_env")
+TORCH = "2.13.0"
+NVFP4 = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+         "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float"}}}}
+# Installed in the starting venv: what the K2.6 engine venv had, plus psutil, which 0.15.0.1 imports
+# without declaring it (engines.md 3.2) and which engine venvs carry anyway.
+START = ["torch==%s" % TORCH, "compressed-tensors==0.8.1", "psutil"]
+
+
+def timed(label, timings, func, *args):
+    started = time.monotonic()
+    value = func(*args)
+    timings[label] = round(time.monotonic() - started, 1)
+    return value
+
+
+def _download(dest):
+    """Real wheels for both releases and their dependencies, with torch held at 2.13.0."""
+    partial = dest + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    for spec in ("compressed-tensors==0.15.0.1", "compressed-tensors==0.8.1"):
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--dest", partial, spec,
+                        "torch==%s" % TORCH, "psutil"], check=True)
+    os.rename(partial, dest)
+
+
+def _template_venv(wheels, dest):
+    partial = dest + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    envkit.make_venv(partial, wheels, START)
+    # A venv finds its packages relative to its pyvenv.cfg, so `bin/python -m pip` works after a move.
+    os.rename(partial, dest)
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    timings = {}
+    wheels = os.path.join(CACHE, "real-wheels")
+    template = os.path.join(CACHE, "real-venv-torch-%s" % TORCH)
+    os.makedirs(CACHE, exist_ok=True)
+    if not os.path.isdir(wheels):
+        timed("download wheels (first time, index)", timings, _download, wheels)
+    if not os.path.isdir(template):
+        timed("build torch venv (first time, offline)", timings, _template_venv, wheels, template)
+    base = tmp_path_factory.mktemp("real")
+    # The role's wheelhouse holds only what the upgrade needs: both compressed-tensors releases and
+    # loguru (torch stays where it is, so it need not be shipped).
+    house = str(base / "wheelhouse")
+    os.makedirs(house)
+    for pattern in ("compressed_tensors-", "loguru-"):
+        for name in os.listdir(wheels):
+            if name.startswith(pattern):
+                shutil.copy(os.path.join(wheels, name), house)
+    venv = str(base / "venv")
+    timed("copy the torch venv", timings, shutil.copytree, template, venv, True)
+    return {"base": base, "venv": venv, "house": house, "timings": timings}
+
+
+def test_real_compressed_tensors_upgrade_keeps_torch(real, record_property):
+    timings, base, venv = real["timings"], real["base"], real["venv"]
+    before = envkit.pip_freeze(venv)
+    assert before["compressed-tensors"] == "0.8.1" and before["torch"].startswith(TORCH)
+    model = envkit.write_model(str(base / "model"), NVFP4)
+    inventory = envkit.write_inventory(str(base / "inventory.ini"))
+    extravars = {
+        "inference_env_venv": venv, "inference_env_engine": "sim", "inference_env_engine_version": "0.1.0",
+        "inference_env_wheelhouse": real["house"], "inference_env_model_path": model,
+        "inference_env_stage_dir": str(base / "stage"), "inference_env_controller_cache": str(base / "cache"),
+        "inference_env_test_marker": str(base / "restart-requested"),
+    }
+    first = timed("role run 1 (upgrade)", timings, envkit.run_playbook, str(base / "r1"), inventory, extravars)
+    assert first.rc == 0, first.stdout[-4000:]
+    after = envkit.pip_freeze(venv)
+    assert after["compressed-tensors"] == "0.15.0.1"
+    assert after["torch"] == before["torch"]
+    assert "loguru" in after
+    proc = envkit.run([os.path.join(venv, "bin", "python"), "-c",
+                       "from compressed_tensors.config import CompressionFormat; print(CompressionFormat.nvfp4_pack_quantized.value)"])
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("nvfp4-pack-quantized"), proc.stdout[-2000:]
+    ct = first.result["compressed_tensors"]
+    assert (ct["before"], ct["after"], ct["required_by"]) == ("0.8.1", "0.15.0.1", "nvfp4-pack-quantized")
+    second = timed("role run 2 (no change)", timings, envkit.run_playbook, str(base / "r2"), inventory, extravars)
+    assert second.rc == 0 and second.changed == 0, second.stdout[-4000:]
+    for label, seconds in timings.items():
+        record_property(label, seconds)
+    print("inference_env real-wheel timings (s): %r" % timings)
