@@ -8,97 +8,28 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SIM_PATH = os.path.join(ROOT, "engines", "sim")
+from simharness import ROOT, SimRunner, descendants, make_model
+
 NVIDIA_SMI = os.path.join(ROOT, "tests", "fakes", "nvidia-smi")
 FAST = ["--start-seconds", "0.2", "--init-seconds", "0.6", "--warmup-seconds", "0.6", "--load-rate-mib", "64"]
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def sim_env(extra=None):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = SIM_PATH
-    env.pop("MODELWAKE_API_KEY", None)
-    env.update(extra or {})
-    return env
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("model")
-    subprocess.run([sys.executable, "-m", "modelwake_sim", "make-model", str(path), "--size-mib", "32",
-                    "--shards", "8"], env=sim_env(), check=True, stdout=subprocess.DEVNULL)
-    return str(path)
-
-
-class Sim:
-    """One running engine: its process, port, log file."""
-
-    def __init__(self, proc, port, log_path):
-        self.proc = proc
-        self.port = port
-        self.log_path = log_path
-
-    @property
-    def url(self):
-        return "http://127.0.0.1:%d" % self.port
-
-    def log(self):
-        with open(self.log_path, encoding="utf-8", errors="replace", newline="") as fileobj:
-            return fileobj.read()
-
-    def wait_log(self, text, timeout=15):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if text in self.log():
-                return
-            if self.proc.poll() is not None and text not in self.log():
-                break
-            time.sleep(0.05)
-        raise AssertionError("%r not logged within %ss; log:\n%s" % (text, timeout, self.log()[-3000:]))
-
-    def wait_exit(self, timeout=15):
-        return self.proc.wait(timeout=timeout)
-
-    def tree(self):
-        return descendants(self.proc.pid)
+    return make_model(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture
 def start_sim(tmp_path):
-    started = []
-
-    def start(engine, model, *extra, env=None, port=None):
-        port = port or free_port()
-        log_path = str(tmp_path / ("sim-%d.log" % len(started)))
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "modelwake_sim", "serve", "--engine", engine, "--model-path", model,
-                 "--host", "127.0.0.1", "--port", str(port)] + FAST + list(extra),
-                stdout=log, stderr=subprocess.STDOUT, env=sim_env(env), start_new_session=True)
-        sim = Sim(proc, port, log_path)
-        started.append(sim)
-        return sim
-
-    yield start
-    for sim in started:
-        try:
-            os.killpg(sim.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        sim.proc.wait(timeout=10)
+    runner = SimRunner(tmp_path, FAST)
+    yield runner.start
+    runner.stop_all()
 
 
 def http(url, body=None, headers=None, timeout=5):
@@ -123,24 +54,6 @@ def http(url, body=None, headers=None, timeout=5):
 def port_open(port):
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def descendants(pid):
-    parents = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open("/proc/%s/stat" % name) as fileobj:
-                    ppid = int(fileobj.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(ppid, []).append(int(name))
-    found, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def proc_field(pid, name):
