@@ -114,6 +114,10 @@ def rendered(tmp_path_factory):
                   "model_service_nodes_group": "pair", "ansible_host": "2001:db8::10"},
         "node1": {"model_service_engine": "sglang", "model_service_model_path": k26, "model_service_tp": 16,
                   "model_service_nodes_group": "pair", "ansible_host": "2001:db8::11"},
+        "notify": {"model_service_engine": "vllm", "model_service_unit": "vllm-notify", "model_service_model_path": k26,
+                   "model_service_launcher": "/opt/modelwake/bin/modelwake-launch",
+                   "model_service_extra_args": ["--note", "50% of $HOME \"q\"", "--x", "%h"],
+                   "model_service_limits": {"LimitMEMLOCK": "infinity"}},
     }
     groups = {"pair": {"hosts": {"node0": {}, "node1": {}}}}
     proc, root = run_play(tmp_path, hosts, groups)
@@ -177,6 +181,17 @@ def test_multinode_args_follow_the_group_order(rendered):
         line = exec_start(read(rendered, host, "unit.service"))
         assert "--tp 16" in line
         assert line.endswith("--nnodes 2 --node-rank %d --dist-init-addr [2001:db8::10]:50000" % rank)
+
+
+def test_launcher_makes_a_notify_unit_and_words_are_quoted_for_systemd(rendered):
+    unit = read(rendered, "notify", "unit.service")
+    assert directive(unit, "Type") == ["notify"] and directive(unit, "NotifyAccess") == ["main"]
+    # systemd would expand % specifiers and $VARS: they are doubled; words with spaces are quoted.
+    assert exec_start(unit) == (
+        'ExecStart=/opt/modelwake/bin/modelwake-launch -- %s/bin/python -m vllm.entrypoints.openai.api_server '
+        '--model %s --host 127.0.0.1 --port 30001 --tensor-parallel-size 1 '
+        '--note "50%%%% of $$HOME \\"q\\"" --x %%%%h' % (VENV, rendered["k26"]))
+    assert "LimitMEMLOCK=infinity" in unit.splitlines()
 
 
 def test_no_secret_in_units_or_output(rendered):
