@@ -1,0 +1,200 @@
+"""The launcher's pure parts: status texts, Prometheus text, options, and what systemd hears
+after each look, replayed through wait_for_ready with a fake clock and a real notify socket."""
+import os
+import socket
+import stat
+import uuid
+
+import pytest
+
+from modelwake.classifier import Verdict
+from modelwake.errors import ModelWakeError
+from modelwake.launcher import (API_KEY_ENV, Reporter, build_launch_config, engine_environment, format_duration,
+                                format_status, marker_summary, parse_args, prometheus_text, write_textfile)
+from modelwake.notify import Notifier
+from modelwake.waiter import wait_for_ready
+
+from test_waiter import FakeClock, ReplayProbe
+from traces import K26_EXPECTED_BYTES, MIB, config, http, k26_start
+
+@pytest.mark.parametrize("seconds, text", [(0, "0s"), (44.6, "45s"), (372, "6m12s"), (843, "14m03s"),
+                                           (3600 + 125, "1h02m"), (-3, "0s")])
+def test_format_duration(seconds, text):
+    assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize("fields, elapsed, text", [
+    (dict(phase="loading", fraction=0.4531, shards=[29, 64], read_rate=412 * MIB, eta=372.4), 100,
+     "loading 45% (29/64 shards, 412 MiB/s, ETA 6m12s)"),
+    (dict(phase="loading", fraction=0.25, bytes_read=3 * 1024 * MIB, read_rate=575 * MIB, eta=30), 40,
+     "loading 25% (3.0 GiB read, 575 MiB/s, ETA 30s)"),
+    (dict(phase="loading", since=12), 20, "loading (since 12s)"),
+    (dict(phase="initializing", since=250,
+          evidence=["[2026-05-25 19:06:14 TP0] Capture cuda graph begin. This can take up to several minutes."]),
+     300, "initializing: Capture cuda graph begin (since 4m10s)"),
+    (dict(phase="initializing", since=5), 9, "initializing (since 5s)"),
+    (dict(phase="starting", evidence=["[2026-05-25 19:06:14 TP0] Init torch distributed begin."]), 3,
+     "starting: Init torch distributed begin (since 0s)"),
+    (dict(phase="ready"), 843.2, "ready in 14m03s"),
+    (dict(phase="stalled", msg="stalled: no progress for 600 s\nin phase loading"), 900,
+     "stalled: no progress for 600 s in phase loading"),
+    (dict(phase="not_started"), 0, "starting the engine"),
+])
+def test_status_text(fields, elapsed, text):
+    verdict = Verdict(msg=fields.pop("msg", ""), **fields)
+    assert format_status(verdict, elapsed) == text
+
+
+@pytest.mark.parametrize("line, summary", [
+    ("(EngineCore pid=7) INFO 11-30 12:00:01 [gpu_model_runner.py:1234] Loading weights took 1.20 seconds",
+     "Loading weights took 1.20 seconds"),
+    ("[2026-11-30 05:08:43] INFO:     Uvicorn running on http://127.0.0.1:30551 (Press CTRL+C to quit)",
+     "Uvicorn running on http://127.0.0.1:30551 (Press CTRL+C t..."),
+    ("[2026-05-25 19:06:14 TP3] Entering DeepGEMM JIT Pre-Compile session.", "Entering DeepGEMM JIT Pre-Compile session"),
+])
+def test_marker_summary_drops_prefixes_and_keeps_the_gist(line, summary):
+    assert marker_summary(line) == summary
+
+
+def test_prometheus_text_has_one_gauge_per_phase_and_the_load_numbers():
+    verdict = Verdict(phase="loading", msg="", bytes_read=1234, fraction=0.5, eta=60.0, since=10.0)
+    text = prometheus_text('sglang-"k26"', verdict)
+    lines = text.splitlines()
+    assert 'modelwake_phase{unit="sglang-\\"k26\\"",phase="loading"} 1' in lines
+    assert 'modelwake_phase{unit="sglang-\\"k26\\"",phase="ready"} 0' in lines
+    assert sum(1 for line in lines if line.startswith("modelwake_phase{")) == 8
+    assert 'modelwake_bytes_read{unit="sglang-\\"k26\\""} 1234' in lines
+    assert 'modelwake_load_eta_seconds{unit="sglang-\\"k26\\""} 60.0' in lines
+    assert not any(line.startswith("modelwake_read_rate_bytes{") for line in lines)  # unknown: left out
+
+
+def test_textfile_is_replaced_atomically(tmp_path):
+    path = str(tmp_path / "modelwake.prom")
+    assert write_textfile(path, "a 1\n") is None
+    assert write_textfile(path, "a 2\n") is None
+    assert open(path).read() == "a 2\n"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+    assert os.listdir(str(tmp_path)) == ["modelwake.prom"]  # no temporary file left
+    assert "could not be written" in write_textfile(str(tmp_path / "missing" / "x.prom"), "a 1\n")
+
+
+class Receiver(object):
+    """The test's own notify socket, drained after each look: fields filed under the fake time."""
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.address = "@modelwake-test-%s" % uuid.uuid4().hex
+        self.sock.bind("\0" + self.address[1:])
+        self.sock.setblocking(False)
+        self.log = []  # (t, field)
+
+    def drain(self, t):
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except BlockingIOError:
+                return
+            self.log.extend((t, field) for field in data.decode("utf-8").split("\n"))
+
+    def times(self, key):
+        return [t for t, field in self.log if field.startswith(key + "=")]
+
+    def values(self, key):
+        return [field.split("=", 1)[1] for _t, field in self.log if field.startswith(key + "=")]
+
+
+@pytest.fixture
+def receiver():
+    got = Receiver()
+    yield got
+    got.sock.close()
+
+
+def replay_start(receiver, story, cfg, textfile=None):
+    clock = FakeClock()
+    probe = ReplayProbe(clock, lambda trace, t: story[t])
+    reporter = Reporter(Notifier({"NOTIFY_SOCKET": receiver.address}), clock, extend_seconds=cfg.stall_timeout + 40,
+                        name="sglang-k26", textfile=textfile)
+    verdicts = {}
+
+    def on_snapshot(snap, verdict):
+        reporter.on_snapshot(snap, verdict)
+        receiver.drain(snap.t)
+        verdicts[snap.t] = verdict
+
+    result = wait_for_ready(cfg, probe, clock=clock, sleep=clock.sleep, on_snapshot=on_snapshot)
+    return result, verdicts
+
+
+def test_a_k26_start_tells_systemd_each_phase_extends_while_progressing_and_ready_once(receiver, tmp_path):
+    story = dict((snap.t, snap) for snap in k26_start(poll=10))
+    cfg = config(engine="sglang", poll_interval=10, stall_timeout=300, expected_bytes=K26_EXPECTED_BYTES)
+    textfile = str(tmp_path / "k26.prom")
+    result, verdicts = replay_start(receiver, story, cfg, textfile=textfile)
+    assert result["phase"] == "ready"
+    statuses = receiver.values("STATUS")
+    assert statuses[0].startswith("starting")
+    assert any(s.startswith("loading ") and "MiB/s" in s and "ETA" in s for s in statuses)
+    assert any(s.startswith("initializing") for s in statuses)
+    assert statuses[-1] == "ready in 20m50s"
+    # READY=1 once, at the look whose completion passed, never before.
+    assert receiver.times("READY") == [1250]
+    assert verdicts[1250].phase == "ready"
+    # Every look with progress pushed systemd's deadline: never more than one budget apart.
+    extends = receiver.times("EXTEND_TIMEOUT_USEC")
+    assert set(receiver.values("EXTEND_TIMEOUT_USEC")) == {"340000000"}
+    assert extends[0] == 0 and max(b - a for a, b in zip(extends, extends[1:])) <= 10
+    # A status at least every 30 s while starting, even when the text does not change.
+    status_times = receiver.times("STATUS")
+    assert max(b - a for a, b in zip(status_times, status_times[1:])) <= 30
+    assert 'modelwake_phase{unit="sglang-k26",phase="ready"} 1' in open(textfile).read().splitlines()
+
+
+def test_a_hang_stops_the_extensions_and_never_says_ready(receiver):
+    """Loading progresses for 100 s, then nothing moves: no EXTEND after the last progress, the
+    stalled verdict as the last status, no READY=1."""
+    from traces import Trace
+
+    trace = Trace()
+    story = {}
+    for t in range(0, 101, 10):
+        story[t] = trace.step(t, cpu=1.0, read=100 * MIB,
+                              lines=["[2026-05-25 19:06:14 TP0] Load weight begin."] if t == 0 else [])
+    for t in range(110, 1000, 10):
+        story[t] = trace.step(t, http_result=http("refused"))
+    cfg = config(engine="sglang", poll_interval=10, stall_timeout=300)
+    result, _verdicts = replay_start(receiver, story, cfg)
+    assert result["phase"] == "stalled"
+    assert receiver.times("READY") == []
+    assert max(receiver.times("EXTEND_TIMEOUT_USEC")) <= 110  # the last look that saw progress
+    assert receiver.values("STATUS")[-1].startswith("stalled: no progress for 300 s in phase loading")
+
+
+def test_options_need_a_command_and_a_budget_longer_than_the_stall(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--url", "http://127.0.0.1:30001"])
+    assert "command: give the engine command after --" in capsys.readouterr().err
+    options = parse_args(["--url", "http://127.0.0.1:30001", "--stall-timeout", "60", "--poll-interval", "5",
+                          "--extend-timeout", "65", "--", "python3", "-m", "x", "--flag"])
+    assert options.command == ["python3", "-m", "x", "--flag"]
+    with pytest.raises(ModelWakeError, match="extend-timeout: must be at least"):
+        build_launch_config(options, {})
+
+
+def test_the_api_key_comes_from_the_environment_and_stays_out_of_the_engine(tmp_path):
+    options = parse_args(["--url", "http://127.0.0.1:30001", "--stall-timeout", "60", "--", "true"])
+    cfg = build_launch_config(options, {API_KEY_ENV: "sk-secret"})
+    assert cfg.api_key == "sk-secret" and "sk-secret" not in repr(cfg)
+    assert options.extend_timeout == 60 + 2 * 5 + 30
+    env = engine_environment({API_KEY_ENV: "k", "NOTIFY_SOCKET": "@x", "WATCHDOG_USEC": "1", "PATH": "/bin",
+                              "MODELWAKE_API_KEY": "engine-key"})
+    assert env == {"PATH": "/bin", "MODELWAKE_API_KEY": "engine-key"}
+
+
+def test_bad_options_name_the_field(tmp_path):
+    options = parse_args(["--url", "ftp://x", "--", "true"])
+    with pytest.raises(ModelWakeError, match="^url: "):
+        build_launch_config(options, {})
+    options = parse_args(["--url", "http://127.0.0.1:1", "--textfile", str(tmp_path / "no" / "x.prom"), "--", "true"])
+    with pytest.raises(ModelWakeError, match="^textfile: "):
+        build_launch_config(options, {})
