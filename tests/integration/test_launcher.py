@@ -1,0 +1,222 @@
+"""The launcher running the REAL simulated engine as its child, with NOTIFY_SOCKET pointing at the
+test's own datagram socket (what systemd would read): STATUS lines during the load,
+EXTEND_TIMEOUT_USEC while it progresses, READY=1 only once a completion works; a hang ends in
+EXIT_STALLED after the stall budget with its evidence, a crash in EXIT_FAILED with the root cause,
+an exit after ready (even with status 0) in EXIT_ENGINE_EXITED; SIGTERM leaves no process.
+Every process is started in its own session and killed by process group afterwards, whatever
+the outcome."""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from modelwake import procfs
+from modelwake.launcher import EXIT_ENGINE_EXITED, EXIT_FAILED, EXIT_STALLED
+
+from notify_listener import NotifyListener
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PYTHONPATH = os.pathsep.join([os.path.join(ROOT, "module_utils"), os.path.join(ROOT, "engines", "sim")])
+FAST = ["--start-seconds", "0.5", "--init-seconds", "2", "--warmup-seconds", "0.5", "--load-rate-mib", "16",
+        "--disable-cuda-graph"]
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("model"))
+    subprocess.run([sys.executable, "-m", "modelwake_sim", "make-model", path, "--size-mib", "32", "--shards", "8",
+                    "--quantization", "none"], env=dict(os.environ, PYTHONPATH=PYTHONPATH), check=True,
+                   stdout=subprocess.DEVNULL)
+    return path
+
+
+class Launch(object):
+    """One `python -m modelwake launch ... -- python -m modelwake_sim serve ...` run."""
+
+    def __init__(self, tmp_path, model_dir, sim_args=(), launcher_args=(), env=None):
+        self.listener = NotifyListener()
+        self.port = free_port()
+        self.out_path = str(tmp_path / "stdout.log")
+        self.err_path = str(tmp_path / "stderr.log")
+        self.url = "http://127.0.0.1:%d" % self.port
+        argv = [sys.executable, "-m", "modelwake", "launch", "--url", self.url, "--engine", "sglang",
+                "--model-path", model_dir, "--poll-interval", "0.5", "--stall-timeout", "6", "--stop-timeout", "5",
+                "--name", "sim-test"] + list(launcher_args) + [
+                "--", sys.executable, "-m", "modelwake_sim", "serve", "--engine", "sglang", "--model-path", model_dir,
+                "--port", str(self.port), "--tp", "2"] + FAST + list(sim_args)
+        environ = dict(os.environ, PYTHONPATH=PYTHONPATH, NOTIFY_SOCKET=self.listener.address)
+        environ.pop("MODELWAKE_API_KEY", None)
+        environ.update(env or {})
+        self.start = time.monotonic()
+        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=err, env=environ, start_new_session=True)
+        self.engine_pid = None
+        self.seen = {}  # pid -> starttime of every process of the tree seen while it ran
+
+    def stderr(self):
+        with open(self.err_path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+
+    def stdout(self):
+        with open(self.out_path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+
+    def watch_tree(self):
+        for pid, info in procfs.tree([self.proc.pid]).items():
+            self.seen[pid] = info["starttime"]
+        match = re.search(r"engine started as pid (\d+)", self.stderr())
+        if match:
+            self.engine_pid = int(match.group(1))
+
+    def wait(self, timeout):
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            self.watch_tree()
+            time.sleep(0.2)
+        return self.proc.poll()
+
+    def survivors(self):
+        """Processes of the tree that still run (same pid AND start time: not a reused pid)."""
+        alive = []
+        for pid, starttime in self.seen.items():
+            info = procfs.read_process(pid)
+            if info is not None and info["starttime"] == starttime and not procfs.is_gone(info):
+                alive.append((pid, info["cmdline"][:80]))
+        return alive
+
+    def cleanup(self):
+        for pgid in (self.proc.pid, self.engine_pid):
+            if pgid:
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except OSError:
+                    pass
+        for pid, _cmd in self.survivors():
+            os.kill(pid, signal.SIGKILL)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.listener.close()
+
+
+@pytest.fixture
+def launch(tmp_path, model_dir):
+    runs = []
+
+    def start(sim_args=(), launcher_args=(), env=None):
+        run = Launch(tmp_path, model_dir, sim_args, launcher_args, env)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.cleanup()
+
+
+def completion(url, key=None):
+    request = urllib.request.Request(url + "/v1/completions", method="POST",
+                                     data=json.dumps({"prompt": "2+2=", "max_tokens": 4}).encode(),
+                                     headers=dict([("Content-Type", "application/json")]
+                                                  + ([("Authorization", "Bearer " + key)] if key else [])))
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return answer.status, json.loads(answer.read().decode())
+
+
+def test_start_reports_phases_extends_and_is_ready_only_after_a_completion(launch, tmp_path):
+    textfile = str(tmp_path / "sim.prom")
+    run = launch(launcher_args=["--textfile", textfile], env={"MODELWAKE_LAUNCHER_API_KEY": "sk-launch-7",
+                                                              "MODELWAKE_API_KEY": "sk-launch-7"})
+    ready = None
+    deadline = time.monotonic() + 90
+    while ready is None and time.monotonic() < deadline and run.proc.poll() is None:
+        run.watch_tree()
+        ready = run.listener.wait_for("READY", 0.3)
+    assert ready is not None, run.stderr()
+    # READY=1 means a completion works, right now, with the key the launcher read from its environment.
+    status, body = completion(run.url, key="sk-launch-7")
+    assert status == 200 and body["choices"][0]["text"]
+    statuses = [value for _t, value in run.listener.fields("STATUS")]
+    assert any(re.match(r"loading \d+% \(\d/8 shards", s) for s in statuses), statuses
+    assert any(s.startswith("initializing") for s in statuses), statuses
+    assert re.match(r"ready in \d+s$", statuses[-1]), statuses
+    extends = run.listener.fields("EXTEND_TIMEOUT_USEC")
+    # Default budget: stall timeout 6 s + 2 polls of 0.5 s + 30 s.
+    assert extends and all(t < ready[0] for t, _v in extends) and set(v for _t, v in extends) == {"37000000"}
+    # The engine's READY line came before READY=1: the launcher never trusts a log line alone.
+    out = run.stdout()
+    assert "The server is fired up and ready to roll!" in out and "Load weight begin" in out
+    assert "sk-launch-7" not in run.stderr() + out
+    assert 'phase="ready"} 1' in open(textfile).read()
+    # The engine does not see the launcher's own variables.
+    with open("/proc/%d/environ" % run.engine_pid, "rb") as handle:
+        names = [entry.split(b"=", 1)[0] for entry in handle.read().split(b"\0")]
+    assert b"NOTIFY_SOCKET" not in names and b"MODELWAKE_LAUNCHER_API_KEY" not in names
+    run.watch_tree()
+    assert len(run.seen) >= 4  # launcher, engine, two ranks
+    os.kill(run.proc.pid, signal.SIGTERM)
+    assert run.wait(20) == 0
+    assert run.survivors() == []
+    assert run.listener.fields("STOPPING")
+    assert "SIGTERM received: stopping the engine's process group" in run.stderr()
+
+
+def test_a_hang_exits_after_the_stall_budget_with_the_evidence(launch):
+    run = launch(sim_args=["--fault", "hang:loading", "--fault-after", "1"])
+    code = run.wait(60)
+    elapsed = time.monotonic() - run.start
+    err = run.stderr()
+    assert code == EXIT_STALLED, err
+    assert 6 <= elapsed < 30, elapsed
+    assert re.search(r"stalled: no progress for \d+ s in phase loading", err), err
+    assert "  | " in err and "Loading safetensors checkpoint shards" in err  # the last lines, as evidence
+    assert run.listener.fields("READY") == []
+    assert run.listener.fields("STATUS")[-1][1].startswith("stalled:")
+    assert run.survivors() == []
+
+
+def test_a_crash_exits_non_zero_with_the_root_cause(launch):
+    run = launch(sim_args=["--fault", "crash1:loading", "--fault-after", "0.5"])
+    code = run.wait(60)
+    err = run.stderr()
+    assert code == EXIT_FAILED, err
+    first = re.search(r"modelwake: failed: .*", err)
+    assert first and "CUDA out of memory" in first.group(0), err
+    assert re.search(r"\| .*OutOfMemoryError: CUDA out of memory", err), err
+    assert run.listener.fields("READY") == []
+    assert run.survivors() == []
+
+
+def test_an_exit_0_after_ready_still_ends_the_launcher_non_zero(launch):
+    run = launch(sim_args=["--fault", "crash0:ready", "--fault-after", "2"])
+    code = run.wait(90)
+    err = run.stderr()
+    assert code == EXIT_ENGINE_EXITED, err
+    assert run.listener.fields("READY")
+    assert "failed: the engine exited after it was ready (exit status 0)" in err
+    assert "Rank 0 scheduler is dead" in err  # the evidence from the engine's last lines
+    assert run.survivors() == []
+
+
+def test_sigterm_during_the_load_leaves_no_process(launch):
+    run = launch()
+    assert run.listener.wait_for("STATUS", 30, lambda v: v.startswith("loading")), run.stderr()
+    run.watch_tree()
+    assert len(run.seen) >= 4
+    os.kill(run.proc.pid, signal.SIGTERM)
+    assert run.wait(20) == 0
+    assert run.survivors() == []
+    assert run.listener.fields("READY") == []
