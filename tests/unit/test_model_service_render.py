@@ -97,25 +97,25 @@ def rendered(tmp_path_factory):
                    "model_service_gpus": [0, 1, 2, 3, 4, 5, 6, 7],
                    "model_service_extra_args": ["--attention-backend", "triton", "--disable-cuda-graph",
                                                 "--trust-remote-code"],
-                   "model_service_conflicts": ["sglang-k26-ddtree"],
+                   "model_service_conflicts": ["sglang-k26-ddtree"], "model_service_launcher": False,
                    "model_service_min_read_rate_mib": 1, "model_service_init_budget_sec": 100},
         "sglangkey": {"model_service_engine": "sglang", "model_service_unit": "sglang-pub",
                       "model_service_model_path": k26, "model_service_host": "0.0.0.0",
-                      "model_service_api_key": SECRET},
+                      "model_service_api_key": SECRET, "model_service_launcher": False},
         "vllm": {"model_service_engine": "vllm", "model_service_unit": "vllm-k26",
                  "model_service_model_path": k26, "model_service_tp": 2,
-                 "model_service_served_model_name": "kimi-k2.6", "model_service_host": "::",
+                 "model_service_served_model_name": "kimi-k2.6", "model_service_host": "::", "model_service_launcher": False,
                  "model_service_api_key": SECRET, "model_service_env": {"NCCL_DEBUG": "INFO", "HF_HOME": "/srv/hf"}},
         "sim": {"model_service_engine": "sim", "model_service_unit": "sglang-k26",
                 "model_service_model_path": k26, "model_service_tp": 8, "model_service_api_key": SECRET,
                 "model_service_extra_args": ["--disable-cuda-graph", "--init-seconds", "2"],
-                "model_service_sim_fake_gpus": True},
+                "model_service_sim_fake_gpus": True, "model_service_launcher": False},
         "node0": {"model_service_engine": "sglang", "model_service_model_path": k26, "model_service_tp": 16,
                   "model_service_nodes_group": "pair", "ansible_host": "2001:db8::10"},
         "node1": {"model_service_engine": "sglang", "model_service_model_path": k26, "model_service_tp": 16,
                   "model_service_nodes_group": "pair", "ansible_host": "2001:db8::11"},
         "notify": {"model_service_engine": "vllm", "model_service_unit": "vllm-notify", "model_service_model_path": k26,
-                   "model_service_launcher": "/opt/modelwake/bin/modelwake-launch",
+                   "model_service_launcher": True,
                    "model_service_extra_args": ["--note", "50% of $HOME \"q\"", "--x", "%h"],
                    "model_service_limits": {"LimitMEMLOCK": "infinity"}},
     }
@@ -188,10 +188,15 @@ def test_launcher_makes_a_notify_unit_and_words_are_quoted_for_systemd(rendered)
     assert directive(unit, "Type") == ["notify"] and directive(unit, "NotifyAccess") == ["main"]
     # systemd would expand % specifiers and $VARS: they are doubled; words with spaces are quoted.
     assert exec_start(unit) == (
-        'ExecStart=/opt/modelwake/bin/modelwake-launch -- %s/bin/python -m vllm.entrypoints.openai.api_server '
-        '--model %s --host 127.0.0.1 --port 30001 --tensor-parallel-size 1 '
-        '--note "50%%%% of $$HOME \\"q\\"" --x %%%%h' % (VENV, rendered["k26"]))
+        'ExecStart={venv}/bin/python /opt/modelwake/lib/modelwake-launch --url http://127.0.0.1:30001 --engine vllm '
+        '--model {k26} --model-path {k26} --ready-check completion --timeout 3600 --stall-timeout 600 '
+        '--poll-interval 5 --extend-timeout 640 --stop-timeout 110 --name vllm-notify -- '
+        '{venv}/bin/python -m vllm.entrypoints.openai.api_server '
+        '--model {k26} --host 127.0.0.1 --port 30001 --tensor-parallel-size 1 '
+        '--note "50%% of $$HOME \\"q\\"" --x %%h'.format(venv=VENV, k26=rendered["k26"]))
     assert "LimitMEMLOCK=infinity" in unit.splitlines()
+    # The start timeout is the launcher's stall budget (stall 600 s + 2 polls + 30 s), renewed on progress.
+    assert directive(unit, "TimeoutStartSec") == ["640"]
 
 
 def test_no_secret_in_units_or_output(rendered):
