@@ -84,6 +84,7 @@ def marker_summary(line):
     """The gist of a log marker: its text without timestamps and ranks, first sentence, short."""
     text = LINE_PREFIX.sub("", line or "").strip()
     text = text.split(". ")[0].rstrip(".").strip()
+    text = re.sub(r"\s+\([^)]*\)?$", "", text)  # uvicorn's "(Press CTRL+C to quit)" and the like
     if len(text) > SUMMARY_CHARS:
         text = text[:SUMMARY_CHARS - 3].rstrip() + "..."
     return text
