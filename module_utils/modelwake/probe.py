@@ -9,9 +9,10 @@ from .snapshot import Snapshot
 
 class HostProbe(object):
     """Reads every signal the config names. Construct it after validation: it checks that the
-    unit exists (or remembers the identity of the pid) and raises InputError otherwise."""
+    unit exists (or remembers the identity of the pid) and raises InputError otherwise. With
+    `state` (state_dict() of the probe of an earlier call of the same wait) it continues that one."""
 
-    def __init__(self, config, runner=run_command, proc_root="/proc", nvml=None):
+    def __init__(self, config, runner=run_command, proc_root="/proc", nvml=None, state=None):
         self.config = config
         self.runner = runner
         self.proc_root = proc_root
@@ -30,7 +31,7 @@ class HostProbe(object):
             self.journal = JournalReader(config.unit, runner=runner,
                                          invocation_id=props.get("InvocationID") or None)
             self.sources.append(self.journal)
-        else:
+        elif state is None:
             root = procfs.read_process(config.pid, proc_root)
             if procfs.is_gone(root):
                 raise InputError("pid", "no process with pid %d is running on this host" % config.pid)
@@ -38,6 +39,22 @@ class HostProbe(object):
             self.root_start = root["starttime"]
         if config.log_path:
             self.sources.append(FileTailer(config.log_path))
+        if state is not None:
+            self._restore(state)
+
+    def state_dict(self):
+        """What a later call needs to continue this probe (a wait in slices): the server's
+        identity, the tree's counters, where each log source stopped. JSON-able."""
+        return {"root_start": self.root_start, "counter": self.counter.state_dict(),
+                "sources": [source.state_dict() for source in self.sources]}
+
+    def _restore(self, state):
+        # The server was identified when the wait began; it may have died since, and that is
+        # the classifier's verdict to give, not bad input: so no identity check here.
+        self.root_start = state["root_start"]
+        self.counter = procfs.TreeCounter.from_state(state["counter"])
+        for source, saved in zip(self.sources, state["sources"]):
+            source.restore(saved)
 
     def _processes(self, unit):
         if self.config.unit:

@@ -8,6 +8,7 @@ Why these counters:
   reads the safetensors through mmap, so its `rchar` stays 0 while `read_bytes` counts the pages
   faulted in from disk. /proc/<pid>/io of another user's process needs privileges: then None.
 """
+import copy
 import glob
 import os
 
@@ -155,6 +156,19 @@ class TreeCounter(object):
                     self.read_bytes_known = True
             self.last[key] = {"own": own, "reaped": reaped, "rbytes": rbytes}
         return (self.cpu_ticks / float(CLK_TCK), self.read_bytes if self.read_bytes_known else None)
+
+    STATE_FIELDS = ("last", "cpu_ticks", "read_bytes", "read_bytes_known", "cpu_debt", "read_debt")
+
+    def state_dict(self):
+        """The totals and per-process values as JSON-able data, for a wait continued in a later call."""
+        return dict((name, copy.deepcopy(getattr(self, name))) for name in self.STATE_FIELDS)
+
+    @classmethod
+    def from_state(cls, state):
+        counter = cls()
+        for name in cls.STATE_FIELDS:
+            setattr(counter, name, copy.deepcopy(state[name]))
+        return counter
 
     def _pay(self, increase, debt_name):
         debt = getattr(self, debt_name)
