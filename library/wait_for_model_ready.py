@@ -240,6 +240,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.modelwake.config import build_config
 from ansible.module_utils.modelwake.errors import ModelWakeError
 from ansible.module_utils.modelwake.probe import HostProbe
+from ansible.module_utils.modelwake.resume import wait_slice
 from ansible.module_utils.modelwake.waiter import wait_for_ready
 
 ARGUMENT_SPEC = dict(
@@ -260,20 +261,32 @@ ARGUMENT_SPEC = dict(
     progress_path=dict(type="path"),
 )
 
+# Set only by the action plugin of the same name (action_plugins/wait_for_model_ready.py), which
+# waits in slices to print progress between them: {"slice": seconds, "state_path": path or None}.
+# Internal, so not in DOCUMENTATION.
+INTERNAL_ARGUMENT_SPEC = dict(
+    _resume=dict(type="dict", options=dict(slice=dict(type="float", required=True),
+                                           state_path=dict(type="path"))),
+)
+
 
 def main():
     module = AnsibleModule(
-        argument_spec=ARGUMENT_SPEC,
+        argument_spec=dict(ARGUMENT_SPEC, **INTERNAL_ARGUMENT_SPEC),
         mutually_exclusive=[("unit", "pid")],
         required_one_of=[("unit", "pid")],
         supports_check_mode=True,  # it only observes: check mode runs it as usual
     )
+    # Popped, so the result's invocation is the same as without the action plugin.
+    resume = module.params.pop("_resume")
     try:
-        config = build_config(module.params)
-        probe = HostProbe(config)
+        if resume:
+            result = wait_slice(module.params, resume)
+        else:
+            config = build_config(module.params)
+            result = wait_for_ready(config, HostProbe(config))
     except ModelWakeError as exc:
-        module.fail_json(msg=str(exc), phase="failed", elapsed=0)
-    result = wait_for_ready(config, probe)
+        module.fail_json(msg=str(exc), phase="failed", elapsed=getattr(exc, "elapsed", 0))
     failed = result.pop("failed")
     if failed:
         module.fail_json(changed=False, **result)

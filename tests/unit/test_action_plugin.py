@@ -1,0 +1,60 @@
+"""The action plugin's progress line and its interval setting (its loop runs in
+tests/integration/test_live_progress.py, under real ansible-playbook)."""
+import importlib.util
+import os
+
+import pytest
+from ansible.errors import AnsibleError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SPEC = importlib.util.spec_from_file_location(
+    "wait_for_model_ready_action", os.path.join(ROOT, "action_plugins", "wait_for_model_ready.py"))
+action = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(action)
+
+GIB = 1024 ** 3
+
+
+def loading_result(**overrides):
+    result = {"phase": "loading", "elapsed": 100, "bytes_read": int(1.25 * GIB), "read_rate": 50 * 1024 ** 2,
+              "eta": 16.0, "shards": [39, 64],
+              "gpu": [{"index": i, "memory_used_mib": 30720, "utilization": 0} for i in range(8)]}
+    result.update(overrides)
+    return result
+
+
+INFO = {"expected_bytes": 2 * GIB, "gpu_total_mib": 8 * 97887,
+        "log_line": "Loading safetensors checkpoint shards:  61% Completed | 39/64"}
+
+
+def test_the_line_says_phase_elapsed_bytes_rate_eta_gpus_and_the_last_log_line():
+    assert action.progress_line("k26-1", loading_result(), INFO) == (
+        "wait_for_model_ready [k26-1]: loading 1m40s | read 1.2 GiB / 2.0 GiB (62 %) at 50.0 MiB/s | "
+        "shards 39/64 | ETA 16s | GPU x8 240.0 GiB / 764.7 GiB | "
+        "log: Loading safetensors checkpoint shards:  61% Completed | 39/64")
+
+
+def test_what_is_unknown_is_left_out():
+    result = {"phase": "starting", "elapsed": 3725, "bytes_read": None, "read_rate": None, "eta": None,
+              "shards": None, "gpu": []}
+    assert action.progress_line("h", result, {"expected_bytes": None, "gpu_total_mib": None, "log_line": None}) \
+        == "wait_for_model_ready [h]: starting 1h02m"
+    no_expected = loading_result(eta=None, shards=None, read_rate=None, bytes_read=5 * 1024 ** 2)
+    line = action.progress_line("h", no_expected, dict(INFO, expected_bytes=None, gpu_total_mib=None))
+    assert "| read 5.0 MiB | GPU x8 240.0 GiB | log:" in line
+
+
+@pytest.mark.parametrize("seconds,text", [(0, "0s"), (59.4, "59s"), (60, "1m00s"), (905, "15m05s"), (7260, "2h01m")])
+def test_durations(seconds, text):
+    assert action.duration(seconds) == text
+
+
+@pytest.mark.parametrize("value,interval", [(None, 20), ("5", 5.0), (2.5, 2.5), (0, 0.0)])
+def test_progress_interval(value, interval):
+    assert action.progress_interval(value) == interval
+
+
+@pytest.mark.parametrize("value", ["soon", -1, [3]])
+def test_a_bad_progress_interval_names_the_variable(value):
+    with pytest.raises(AnsibleError, match="modelwake_progress_interval must be a number of seconds"):
+        action.progress_interval(value)
