@@ -54,7 +54,7 @@ hosts-down: ## Stop and remove the demo test hosts
 	tools/testhosts down --all
 
 bench: venv ## Benchmarks: writes bench/out/report.md
-	@echo "benchmarks land with issue 7"
+	$(VENV)/bin/python bench/run.py --out bench/out
 
 clean: ## Remove the toolchain venv (caches under $(MODELWAKE_CACHE) stay)
 	rm -rf $(VENV) .pytest_cache

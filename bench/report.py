@@ -1,0 +1,233 @@
+"""The benchmark's judgement and its markdown report: pure functions of bench/run.py's results.
+
+judge() decides whether a verdict was right and how late it came; write() renders report.md and
+its pictures (tools/timeline.py) into the output directory.
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tools"))
+
+READY = "ready"
+# The verdict the module must give per scenario; the fixed waits only say ready or give up.
+MODULE_EXPECTS = {"normal": READY, "crash-loading": "failed", "hang-loading": "stalled", "hang-ready": "stalled"}
+EARLY_TOLERANCE = 0.5  # s: the ready line is stamped when read from the pipe, a little after the port opens
+
+
+def judge(scenario, approach, said, verdict_t, truth_t, msg=""):
+    """One approach's verdict on one scenario: {said, t, delay, wrong, why, msg}.
+
+    Wrong: not ready on a healthy start, ready before the engine could answer a completion
+    (SGLang's port opens for its warm-up), ready on a crashed or hung engine; for the module also
+    any verdict other than the exact one (failed for a crash, stalled for a hang)."""
+    delay = None if truth_t is None or verdict_t is None else round(verdict_t - truth_t, 2)
+    why = ""
+    if scenario == "normal":
+        if said != READY:
+            why = "said %s on a healthy start" % said
+        elif delay is not None and delay < -EARLY_TOLERANCE:
+            why = "said ready %.1f s before the engine could answer a completion" % -delay
+    elif said == READY:
+        why = "said ready on a %s engine" % ("crashed" if scenario.startswith("crash") else "hung")
+    elif approach == "module" and said != MODULE_EXPECTS[scenario]:
+        why = "said %s, not %s" % (said, MODULE_EXPECTS[scenario])
+    return {"said": said, "t": None if verdict_t is None else round(verdict_t, 2), "delay": delay,
+            "wrong": bool(why), "why": why, "msg": msg}
+
+
+def _num(value, pattern="%.1f"):
+    return "–" if value is None else pattern % value
+
+
+def _ratio(other, module):
+    if other["wrong"]:
+        return "wrong verdict"
+    other, module = other["delay"], module["delay"]
+    if other is None or module is None:
+        return "–"
+    if module < 0.1:
+        return "module ≤ 0.1 s"
+    return "%.1f×" % (other / module)
+
+
+def targets(results):
+    """[(target, met: True/False/None for not measured, the number)]."""
+    settings = results.get("settings", {})
+    poll, stall = settings.get("poll_interval"), settings.get("stall_timeout")
+    scenarios = results.get("scenarios") or []
+    rows = []
+
+    def module_delays(names):
+        # The module's own verdict time (its last progress record), not ansible-playbook's exit.
+        delays = [s["approaches"]["module"].get("verdict_delay", s["approaches"]["module"]["delay"])
+                  for s in scenarios if s["scenario"] in names]
+        return [d for d in delays if d is not None]
+
+    for label, names, limit in (
+            ("ready within one poll interval (%s s) of the first possible completion" % poll, ("normal",), poll),
+            ("crash within one poll interval (%s s) of the process exit" % poll, ("crash-loading",), poll),
+            ("hang within stall_timeout + one poll (%s s) of the hang" % (stall + poll if stall else None),
+             ("hang-loading", "hang-ready"), (stall or 0) + (poll or 0))):
+        delays = module_delays(names)
+        worst = max(delays) if delays else None
+        rows.append((label, None if worst is None else worst <= limit, "worst %s s" % _num(worst, "%.2f")))
+    normal = [s for s in scenarios if s["scenario"] == "normal"]
+    stalls = sum(1 for s in normal if s["approaches"]["module"]["said"] == "stalled")
+    rows.append(("zero false stalls", stalls == 0 if normal else None, "%d of %d healthy starts" % (stalls, len(normal))))
+    wrong = sum(1 for s in scenarios if s["approaches"]["module"]["wrong"])
+    rows.append(("the module's wrong verdicts: 0", wrong == 0 if scenarios else None,
+                 "%d of %d scenarios" % (wrong, len(scenarios))))
+    cost = results.get("cost")
+    if cost and cost.get("watched_s"):
+        share = 100.0 * (cost["cpu_s"] + cost["children_cpu_s"]) / cost["watched_s"]
+        rows.append(("under 1 %% of one core at a %s s poll" % cost["poll_interval"], share < 1.0,
+                     "%.2f %% (module %.3f s + its children %.3f s of CPU in %.0f s)"
+                     % (share, cost["cpu_s"], cost["children_cpu_s"], cost["watched_s"])))
+    else:
+        rows.append(("under 1 % of one core at a 5 s poll", None, "not measured"))
+    rerun = results.get("rerun") or {}
+    if rerun.get("status") == "measured":
+        ok = rerun["wall_s"] < 30 and rerun["changed"] == 0 and rerun["restarts"] == 0
+        rows.append(("re-run on a ready host under 30 s with changed=0, no restart", ok,
+                     "%.1f s, changed=%s, restarts %s" % (rerun["wall_s"], rerun["changed"], rerun["restarts"])))
+    else:
+        rows.append(("re-run on a ready host under 30 s with changed=0, no restart", None,
+                     "not measured: %s" % (rerun.get("why") or "step not run").strip().splitlines()[-1][:160]))
+    return rows
+
+
+def _pictures(results, out):
+    """Timeline pictures of two starts and the throughput plot, next to report.md; their file names."""
+    import timeline
+    made = {}
+    for scenario in results.get("scenarios") or []:
+        key = "%s-%s" % (scenario["engine"], scenario["scenario"])
+        if key not in ("vllm-normal", "sglang-hang-loading") or not os.path.exists(scenario.get("progress", "")):
+            continue
+        runs = timeline.load_runs(scenario["progress"])
+        name = "timeline-%s.png" % key
+        timeline.render_png(timeline.prepare(runs[-1]), os.path.join(out, name),
+                            "simulated %s, %s: the module's looks" % (scenario["engine"], scenario["scenario"]))
+        made[key] = name
+    throughput = results.get("throughput") or {}
+    if throughput.get("levels"):
+        timeline.render_throughput(throughput["levels"], os.path.join(out, "throughput.png"),
+                                   "simulated engine (sglang mode), %d tokens per completion" % throughput["max_tokens"])
+        made["throughput"] = "throughput.png"
+    return made
+
+
+def render(results, pictures):
+    settings = results.get("settings", {})
+    lines = ["# modelwake benchmark report", "",
+             "Written by `make bench` (bench/run.py, %s s). Every number below was measured in this run, on a "
+             "2-core machine shared with other jobs (load average %s at the start, %s at the end)." % (
+                 _num(results.get("bench_seconds"), "%.0f"), results.get("load_average_at_start", "?"),
+                 results.get("load_average_at_end", "?")), ""]
+    lines += ["## Settings", "",
+              "The simulated engine (`engines/sim`, `%s`, a %s MiB model in %s shards) starts in ~14 s instead of "
+              "K2.6's ~26 min. The fixed-deadline waits' usual 10-minute budget is scaled by 1/%g: "
+              "`uri` `/health` with `until`, `delay: %s`, `retries: %s` (%s s) and `wait_for` `timeout: %s`, "
+              "`sleep: %s`. The module looks every `poll_interval: %s` s with `stall_timeout: %s` and "
+              "`timeout: %s`. All three look once a second and run at the same time on the same engine start, "
+              "each as its own `ansible-playbook` (bench/waits.yml); the time of a verdict in the tables is the exit "
+              "of that process (the targets use the module's own verdict time: its last progress record). The true event comes from the engine itself: its ready line (stamped as it is read from "
+              "its pipe), its process exit, or for a hang the loading line + `--fault-after` (%s s)."
+              % (" ".join(settings.get("sim_args", [])), settings.get("model_mib"), settings.get("model_shards"),
+                 settings.get("scale", 30), settings.get("poll_interval"), settings.get("retries"),
+                 _num(settings.get("deadline"), "%.0f"), _num(settings.get("deadline"), "%.0f"),
+                 settings.get("poll_interval"), settings.get("poll_interval"), settings.get("stall_timeout"),
+                 _num(settings.get("module_timeout"), "%.0f"), settings.get("fault_after")), ""]
+    scenarios = results.get("scenarios") or []
+    if scenarios:
+        lines += ["## Time from the true event to the verdict", "",
+                  "| engine | scenario | true event (s after start) | module | uri /health | wait_for port "
+                  "| uri ÷ module | wait_for ÷ module |", "|---|---|---|---|---|---|---|---|"]
+        for s in scenarios:
+            a = s["approaches"]
+            cells = []
+            for name in ("module", "uri", "wait_for"):
+                v = a[name]
+                cells.append("%s %s s%s" % (v["said"], _num(v["delay"], "%+.1f"), " **wrong**" if v["wrong"] else ""))
+            lines.append("| %s | %s | %s | %s | %s | %s |" % (
+                s["engine"], s["scenario"], _num(s["truth"], "%.1f"), " | ".join(cells),
+                _ratio(a["uri"], a["module"]), _ratio(a["wait_for"], a["module"])))
+        lines += ["", "## Wrong verdicts per approach", "", "| approach | wrong | which |", "|---|---|---|"]
+        for name in ("module", "uri", "wait_for"):
+            wrong = [s for s in scenarios if s["approaches"][name]["wrong"]]
+            lines.append("| %s | %d of %d | %s |" % (name, len(wrong), len(scenarios), "; ".join(
+                "%s %s: %s" % (s["engine"], s["scenario"], s["approaches"][name]["why"]) for s in wrong) or "none"))
+        lines += ["", "The module's messages:", ""]
+        for s in scenarios:
+            lines.append("- %s %s: `%s`" % (s["engine"], s["scenario"], s["approaches"]["module"]["msg"][:220]))
+        lines.append("")
+    for key, caption in (("vllm-normal", "A normal vLLM-mode start as the module saw it"),
+                         ("sglang-hang-loading", "An SGLang-mode hang while loading: stalled after stall_timeout")):
+        if key in pictures:
+            lines += ["![%s](%s)" % (caption, pictures[key]), "", "*%s.*" % caption, ""]
+    cost = results.get("cost")
+    if cost:
+        total = cost["cpu_s"] + cost["children_cpu_s"]
+        per_hour = 3600.0 * total / cost["watched_s"] if cost["watched_s"] else None
+        lines += ["## The module's own cost", "",
+                  "The module waiting %.0f s (%d looks at `poll_interval: %s`) on an engine in a long silent, CPU-busy "
+                  "initialisation (pid mode, log file, 2 scripted GPUs). Measured from `/proc` of the AnsiballZ "
+                  "process every 0.1 s (the last 0.1 s may be missed): its own CPU time, that of its reaped children "
+                  "(the scripted `nvidia-smi` is a Python script: a real one, or NVML, costs less), and `VmHWM`."
+                  % (cost["watched_s"], cost["polls"], cost["poll_interval"]), "",
+                  "| CPU s (module) | CPU s (children) | per look | per hour of waiting | share of one core | peak RSS |",
+                  "|---|---|---|---|---|---|",
+                  "| %.3f | %.3f | %.3f s | %s s | %.2f %% | %.1f MiB |" % (
+                      cost["cpu_s"], cost["children_cpu_s"], total / max(1, cost["polls"]), _num(per_hour, "%.0f"),
+                      100.0 * total / cost["watched_s"] if cost["watched_s"] else 0.0, cost["peak_rss_mib"]), ""]
+    throughput = results.get("throughput") or {}
+    if throughput.get("levels"):
+        lines += ["## Throughput of the simulated engine", "",
+                  "`completion_load` (playbooks/benchmark.yml's module), 4 × concurrency completions of %d tokens per level. The "
+                  "simulated engine decodes one token for every running request every `--token-seconds` (%s s), so "
+                  "this measures the simulator's batching and this machine's HTTP stack, not a GPU: K2.6 on 8 GPUs "
+                  "measured 807.5 tok/s at 32." % (throughput["max_tokens"], throughput["token_seconds"]), "",
+                  "| concurrency | tokens/s | requests/s | p50 s | p90 s | p99 s | errors |", "|---|---|---|---|---|---|---|"]
+        for level in throughput["levels"]:
+            lines.append("| %d | %.1f | %.2f | %s | %s | %s | %d |" % (
+                level["concurrency"], level["tokens_per_s"], level["requests_per_s"], _num(level["latency_p50"], "%.3f"),
+                _num(level["latency_p90"], "%.3f"), _num(level["latency_p99"], "%.3f"), level["errors"]))
+        lines.append("")
+        if "throughput" in pictures:
+            lines += ["![throughput](%s)" % pictures["throughput"], ""]
+    rerun = results.get("rerun") or {}
+    lines += ["## deploy-k26.yml on an already-ready host", ""]
+    if rerun.get("status") == "measured":
+        lines += ["Test host `%s` (systemd-nspawn guest), deployed once, then again: %.1f s, recap %s, NRestarts +%d, "
+                  "same InvocationID: %s." % (rerun["guest"], rerun["wall_s"], rerun["recap"], rerun["restarts"],
+                                             rerun["same_invocation"]), ""]
+    else:
+        lines += ["Not measured: %s" % (rerun.get("why") or "step not run").strip()[-400:].replace("\n", " "), ""]
+    fanout = results.get("fanout") or {}
+    lines += ["## Fan-out over test hosts", ""]
+    if fanout.get("levels"):
+        one = fanout["levels"][0]["wall_s"]
+        lines += ["bench/fanout.yml on N systemd-nspawn guests at once (one play, forks 8): start the simulated "
+                  "engine (a transient unit, `--tp 2`, 128 MiB) on each, then `wait_for_model_ready` (unit mode, "
+                  "`poll_interval: 1`) until all answer a completion. The guests share this machine's 2 cores, so "
+                  "their engines also start slower together.", "",
+                  "| hosts | wall time s | vs 1 host | failed |", "|---|---|---|---|"]
+        for level in fanout["levels"]:
+            lines.append("| %d | %.1f | %.2f× | %d |" % (level["hosts"], level["wall_s"], level["wall_s"] / one,
+                                                       level["failed"]))
+        lines.append("")
+    if fanout.get("status") != "measured":
+        lines += ["Not measured%s: %s" % (" completely" if fanout.get("levels") else "",
+                                          (fanout.get("why") or "step not run").strip()[-400:].replace("\n", " ")), ""]
+    lines += ["## Targets", "", "| target | | measured |", "|---|---|---|"]
+    for label, met, number in targets(results):
+        lines.append("| %s | %s | %s |" % (label, {True: "met", False: "**missed**", None: "not measured"}[met], number))
+    lines.append("")
+    return "\n".join(lines)
+
+
+def write(results, out):
+    pictures = _pictures(results, out)
+    with open(os.path.join(out, "report.md"), "w") as handle:
+        handle.write(render(results, pictures))

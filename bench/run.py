@@ -1,0 +1,459 @@
+#!/usr/bin/env python3
+"""`make bench`: measure modelwake's claims side by side with the waits people use today.
+
+    .venv/bin/python bench/run.py [--out bench/out] [--only scenarios,cost,throughput,rerun,fanout]
+
+Writes <out>/results.json, <out>/report.md (bench/report.py) and its pictures. Everything runs on
+loopback or on our own test-host guests, and everything started here is stopped here (engines by
+process group, guests with `tools/testhosts down NAME`).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "library"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+import report  # noqa: E402
+import simrun  # noqa: E402
+
+VENV_BIN = os.path.join(ROOT, ".venv", "bin")
+PLAYBOOK = os.path.join(VENV_BIN, "ansible-playbook")
+FAKES = os.path.join(ROOT, "tests", "fakes")
+
+# Time scale: the fixed-deadline waits' common budget (600 s: uri delay 10 x retries 60, wait_for
+# timeout 600) is scaled by 1/30 like the engine's start; every approach looks once a second.
+SCALE = 30.0
+SETTINGS = {
+    "scale": SCALE,
+    "poll_interval": 1.0,  # module poll_interval, uri delay, wait_for sleep: the same for all three
+    "deadline": 600 / SCALE,  # uri retries x delay, wait_for timeout
+    "retries": int(600 / SCALE / 1.0),
+    "uri_timeout": 5,
+    "module_timeout": 3600 / SCALE,  # the module's default overall deadline, scaled
+    "stall_timeout": 10,  # 300 s at full scale (the module's default is 600, the demo's 120)
+    "fault_after": 3.0,  # s into loading: after the waits' own start-up (ansible-playbook takes 2-4 s here)
+    "sglang_health_check_timeout": 2,  # SGLang's 20 s, scaled
+}
+# A ~14 s start: 1 s imports, 192 MiB in 16 shards at 32 MiB/s, 5 s silent JIT, 2 s warm-up.
+SIM_ARGS = ["--tp", "2", "--fake-gpus", "--fake-gpu-count", "2", "--disable-cuda-graph", "--start-seconds", "1",
+            "--load-rate-mib", "32", "--init-seconds", "5", "--warmup-seconds", "2", "--served-model-name", "k26-sim"]
+MODEL_MIB, MODEL_SHARDS = 192, 16
+READY_LINE = {"sglang": "The server is fired up and ready to roll!", "vllm": "Application startup complete."}
+LOAD_LINE = {"sglang": "Load weight begin", "vllm": "Starting to load model"}
+SCENARIOS = [
+    # name, --fault, what the true event is
+    ("normal", None, "ready line"),
+    ("crash-loading", "crash1:loading", "process exit"),
+    ("hang-loading", "hang:loading", "loading line + fault_after"),
+    ("hang-ready", "hang:ready", "ready line (the fault fires at once)"),
+]
+APPROACHES = ("module", "uri", "wait_for")
+
+
+def ansible_env(extra=None):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+    env["PATH"] = FAKES + os.pathsep + VENV_BIN + os.pathsep + env.get("PATH", "")  # the scripted nvidia-smi
+    env.update(extra or {})
+    return env
+
+
+class Waiter(object):
+    """bench/waits.yml for one approach, run in the background; `end` = wall time of its exit."""
+
+    def __init__(self, approach, extra_vars, env, log_path):
+        self.approach = approach
+        argv = [PLAYBOOK, os.path.join(HERE, "waits.yml"), "-i", "localhost,",
+                "-e", json.dumps(dict(extra_vars, bench_approach=approach))]
+        self.log = open(log_path, "w")
+        self.start = time.time()
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.end = None
+        self.thread = threading.Thread(target=self._reap)
+        self.thread.daemon = True
+        self.thread.start()
+
+    def _reap(self):
+        self.proc.wait()
+        self.end = time.time()
+
+    def join(self, timeout):
+        self.thread.join(timeout)
+        if self.end is None:
+            os.killpg(self.proc.pid, 9)
+            self.thread.join(10)
+        self.log.close()
+        return self.proc.returncode
+
+
+def _fresh(path):
+    """A path with no file left from an earlier bench run (the module appends to progress files)."""
+    if os.path.exists(path):
+        os.remove(path)
+    return path
+
+
+def last_verdict(progress_path):
+    try:
+        with open(progress_path) as handle:
+            lines = [line for line in handle if line.strip()]
+        return json.loads(lines[-1])["verdict"] if lines else None
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def run_scenario(engine, name, fault, model, work):
+    """One engine start with all three waits watching it at once; their verdicts and times."""
+    base = os.path.join(work, "%s-%s" % (engine, name))
+    os.makedirs(base, exist_ok=True)
+    args = list(SIM_ARGS)
+    if fault:
+        args += ["--fault", fault, "--fault-after", str(SETTINGS["fault_after"] if "loading" in fault else 0)]
+    env = {"MODELWAKE_FAKE_GPU_DIR": os.path.join(base, "gpu"),
+           "SGLANG_HEALTH_CHECK_TIMEOUT": str(SETTINGS["sglang_health_check_timeout"])}
+    os.makedirs(env["MODELWAKE_FAKE_GPU_DIR"], exist_ok=True)
+    sim = simrun.SimRun(engine, model, _fresh(os.path.join(base, "engine.log")), args, env=env).start()
+    progress = _fresh(os.path.join(base, "progress.jsonl"))
+    extra = {"bench_url": sim.url, "bench_pid": sim.proc.pid, "bench_port": sim.port, "bench_engine": engine,
+             "bench_log_path": sim.log_path, "bench_model_path": model, "bench_progress_path": progress,
+             "bench_module_timeout": SETTINGS["module_timeout"], "bench_stall_timeout": SETTINGS["stall_timeout"],
+             "bench_poll_interval": SETTINGS["poll_interval"], "bench_retries": SETTINGS["retries"],
+             "bench_deadline": SETTINGS["deadline"], "bench_uri_timeout": SETTINGS["uri_timeout"]}
+    waiter_env = ansible_env({"MODELWAKE_FAKE_GPU_DIR": env["MODELWAKE_FAKE_GPU_DIR"]})
+    try:
+        waiters = [Waiter(a, extra, waiter_env, os.path.join(base, "wait-%s.log" % a)) for a in APPROACHES]
+        codes = dict((w.approach, w.join(SETTINGS["module_timeout"] + 60)) for w in waiters)
+        if fault and fault.startswith("crash"):
+            deadline = time.monotonic() + 15
+            while sim.exit_time is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        truth = true_event(sim, engine, name)
+    finally:
+        sim.stop()
+    verdict = last_verdict(progress)
+    result = {"engine": engine, "scenario": name, "fault": fault, "truth": truth, "approaches": {},
+              "progress": progress}
+    for w in waiters:
+        if w.approach == "module":
+            said = verdict["phase"] if verdict else "no verdict"
+            msg = verdict["msg"] if verdict else "no progress record"
+        else:
+            said = "ready" if codes[w.approach] == 0 else "gave up"
+            msg = "rc %s after %.1f s" % (codes[w.approach], w.end - w.start)
+        judged = report.judge(name, w.approach, said, w.end - sim.started, truth, msg)
+        if w.approach == "module" and verdict:
+            # The verdict itself, without ansible-playbook's exit: the module appends its last look
+            # to the progress file the moment it decides.
+            own = report.judge(name, w.approach, said, os.stat(progress).st_mtime - sim.started, truth, msg)
+            judged["verdict_delay"] = own["delay"]
+        result["approaches"][w.approach] = judged
+    return result
+
+
+def true_event(sim, engine, name):
+    """When the thing the waits should report really happened, in seconds since the engine started."""
+    if name == "normal":
+        when = sim.first(READY_LINE[engine])
+    elif name == "crash-loading":
+        when = sim.exit_time
+    elif name == "hang-loading":
+        loading = sim.first(LOAD_LINE[engine])
+        when = None if loading is None else loading + SETTINGS["fault_after"]
+    else:
+        when = sim.first(READY_LINE[engine])
+    return None if when is None else round(when - sim.started, 2)
+
+
+# -- the module's own cost -------------------------------------------------------------------------
+
+def _proc_stat(pid):
+    with open("/proc/%d/stat" % pid) as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return fields
+
+
+def _children(pid):
+    try:
+        with open("/proc/%d/task/%d/children" % (pid, pid)) as handle:
+            return [int(p) for p in handle.read().split()]
+    except OSError:
+        return []
+
+
+def _descendants(pid):
+    found, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        found.extend(kids)
+        todo.extend(kids)
+    return found
+
+
+def _module_process(root):
+    """The AnsiballZ python under ansible-playbook: `<python> .../AnsiballZ_wait_for_model_ready.py`,
+    or with pipelining a bare interpreter reading the module from stdin."""
+    for pid in _descendants(root):
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as handle:
+                argv = [arg.decode("utf-8", "replace") for arg in handle.read().split(b"\0")[:-1]]
+        except OSError:
+            continue
+        if not argv or not os.path.basename(argv[0]).startswith("python"):
+            continue
+        if len(argv) == 1 or argv[1].endswith("AnsiballZ_wait_for_model_ready.py"):
+            return pid
+    return None
+
+
+def measure_cost(model, work, seconds=180.0, poll=5.0):
+    """The module waiting `seconds` on an engine stuck in a long silent (CPU-busy) initialisation, at
+    a `poll` s interval: CPU seconds and peak RSS of the module's process, sampled from /proc every 0.1 s."""
+    base = os.path.join(work, "cost")
+    os.makedirs(os.path.join(base, "gpu"), exist_ok=True)
+    env = {"MODELWAKE_FAKE_GPU_DIR": os.path.join(base, "gpu")}
+    args = list(SIM_ARGS)
+    args[args.index("--init-seconds") + 1] = "3600"  # silent (CPU-busy) for an hour
+    sim = simrun.SimRun("sglang", model, _fresh(os.path.join(base, "engine.log")), args, env=env).start()
+    progress = _fresh(os.path.join(base, "progress.jsonl"))
+    ticks = os.sysconf("SC_CLK_TCK")
+    sample = {"pid": None, "cpu": 0.0, "children": 0.0, "hwm_kib": 0, "first": None, "last": None}
+    try:
+        sim.wait_for(LOAD_LINE["sglang"], 30)
+        extra = {"bench_url": sim.url, "bench_pid": sim.proc.pid, "bench_port": sim.port, "bench_engine": "sglang",
+                 "bench_log_path": sim.log_path, "bench_model_path": model, "bench_progress_path": progress,
+                 "bench_module_timeout": seconds, "bench_stall_timeout": 600, "bench_poll_interval": poll}
+        waiter = Waiter("module", extra, ansible_env(env), os.path.join(base, "wait-module.log"))
+        while waiter.end is None:
+            pid = _module_process(waiter.proc.pid)  # looked up every time: never a stale or forked pid
+            try:
+                fields = _proc_stat(pid) if pid else None
+                with open("/proc/%d/status" % pid) as handle:
+                    hwm = [int(l.split()[1]) for l in handle if l.startswith("VmHWM:")]
+            except (OSError, IndexError, ValueError, TypeError):
+                fields = None
+            if fields:
+                now = time.time()
+                # Counters only grow: the maximum is the module's, whatever a single look caught.
+                sample.update(pid=pid, cpu=max(sample["cpu"], (int(fields[11]) + int(fields[12])) / float(ticks)),
+                              children=max(sample["children"], (int(fields[13]) + int(fields[14])) / float(ticks)),
+                              hwm_kib=max(sample["hwm_kib"], hwm[0] if hwm else 0), last=now,
+                              samples=sample.get("samples", 0) + 1)
+                sample["first"] = sample["first"] or now
+            time.sleep(0.1)
+        waiter.join(30)
+    finally:
+        sim.stop()
+    with open(progress) as handle:
+        polls = sum(1 for line in handle if line.strip())
+    watched = (sample["last"] or 0) - (sample["first"] or 0)
+    return {"poll_interval": poll, "seconds": seconds, "watched_s": round(watched, 1), "polls": polls,
+            "cpu_s": round(sample["cpu"], 3), "children_cpu_s": round(sample["children"], 3),
+            "peak_rss_mib": round(sample["hwm_kib"] / 1024.0, 1), "samples": sample.get("samples", 0)}
+
+
+# -- throughput on the sim -------------------------------------------------------------------------
+
+def measure_throughput(model, work):
+    import completion_load
+    base = os.path.join(work, "throughput")
+    os.makedirs(base, exist_ok=True)
+    fast = ["--start-seconds", "0.2", "--init-seconds", "0.3", "--warmup-seconds", "0.2", "--load-rate-mib", "500",
+            "--no-access-log", "--served-model-name", "k26-sim"]
+    sim = simrun.SimRun("sglang", model, _fresh(os.path.join(base, "engine.log")), fast).start()
+    try:
+        if not sim.wait_for(READY_LINE["sglang"], 60):
+            return {"status": "not measured", "why": "the engine did not start"}
+        # Four completions per slot: every level takes about as long as four requests.
+        levels = [completion_load.run_level(sim.url, "k26-sim", None, concurrency, 4 * concurrency, 64,
+                                            "Describe the weather.", level_timeout=60, request_timeout=60)
+                  for concurrency in (1, 2, 4, 8, 16, 32)]
+    finally:
+        sim.stop()
+    return {"status": "measured", "token_seconds": 0.025, "max_tokens": 64, "levels": levels}
+
+
+# -- test hosts: re-run of deploy-k26.yml, fan-out -------------------------------------------------
+
+def testhosts(*args, **kwargs):
+    return subprocess.run([os.path.join(ROOT, "tools", "testhosts")] + list(args), cwd=ROOT, env=ansible_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, **kwargs)
+
+
+def _recap(text):
+    """{'host': {'ok': n, 'changed': n, ...}} from ansible-playbook's PLAY RECAP."""
+    hosts = {}
+    for line in text.splitlines():
+        if ": ok=" in line:
+            name, _, rest = line.partition(":")
+            hosts[name.strip()] = dict((k, int(v)) for k, v in (p.split("=") for p in rest.split()))
+    return hosts
+
+
+def _unit_state(guest, unit):
+    out = testhosts("ssh", guest, "systemctl", "show", unit, "-p", "NRestarts,InvocationID,MainPID,ActiveState",
+                    timeout=60).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def _guests_up(names):
+    """`tools/testhosts up` (addresses derived from the names); {name: address}, or raise with its output."""
+    up = testhosts("up", *names, timeout=900)
+    if up.returncode != 0:
+        raise RuntimeError("tools/testhosts up failed: %s" % up.stdout[-400:])
+    return dict((name, testhosts("addr", name, timeout=60).stdout.strip()) for name in names)
+
+
+def _inventory(path, group, addresses):
+    """A YAML inventory of `group`; loaded together with inventories/demo, whose group_vars and
+    connection variables (the test hosts' SSH key, root) apply to it."""
+    with open(path, "w") as handle:
+        handle.write("all:\n  children:\n    %s:\n      hosts:\n" % group)
+        for name, addr in sorted(addresses.items()):
+            handle.write("        %s:\n          ansible_host: %s\n" % (name, addr))
+    return path
+
+
+def measure_rerun(work, guest="bench-rerun"):
+    """deploy-k26.yml once on a fresh guest, then again on the now-ready host: wall time, changed, restarts."""
+    result = {"status": "not measured", "guest": guest}
+    try:
+        try:
+            addresses = _guests_up([guest])
+        except RuntimeError as exc:
+            result["why"] = str(exc)
+            return result
+        inventory = _inventory(os.path.join(work, "rerun-hosts.yml"), "model_hosts", addresses)
+        testhosts("install-fake-gpus", guest, "--count", "8", timeout=300)
+        model = _playbook(inventory, os.path.join(ROOT, "playbooks", "demo-model.yml"), guest)
+        first = _playbook(inventory, os.path.join(ROOT, "deploy-k26.yml"), guest, timeout=1200)
+        if model.returncode != 0 or first.returncode != 0:
+            result["why"] = "the first deploy did not succeed (rc %s/%s): %s" % (
+                model.returncode, first.returncode, (first.stdout or model.stdout)[-600:])
+            return result
+        before = _unit_state(guest, "sglang-k26.service")
+        start = time.monotonic()
+        again = _playbook(inventory, os.path.join(ROOT, "deploy-k26.yml"), guest, timeout=1200)
+        wall = time.monotonic() - start
+        after = _unit_state(guest, "sglang-k26.service")
+        recap = _recap(again.stdout).get(guest, {})
+        result.update(status="measured" if again.returncode == 0 else "failed", rc=again.returncode,
+                      wall_s=round(wall, 1), changed=recap.get("changed"), recap=recap,
+                      restarts=int(after.get("NRestarts", 0)) - int(before.get("NRestarts", 0)),
+                      same_invocation=before.get("InvocationID") == after.get("InvocationID") != "",
+                      invocation=after.get("InvocationID"))
+        if again.returncode != 0:
+            result["why"] = again.stdout[-600:]
+        return result
+    finally:
+        testhosts("down", guest, timeout=300)
+
+
+FANOUT_GUESTS = ("bench-fan1", "bench-fan2", "bench-fan3", "bench-fan4")
+
+
+def _playbook(inventory, playbook, limit, extra=None, timeout=900):
+    """ansible-playbook PLAYBOOK (a path, or a file of bench/) on `limit` of our inventory + the demo's."""
+    argv = [PLAYBOOK, "-i", inventory, "-i", os.path.join(ROOT, "inventories", "demo"), "-l", limit,
+            os.path.join(HERE, playbook)]
+    if extra:
+        argv += ["-e", json.dumps(extra)]
+    return subprocess.run(argv, cwd=ROOT, env=ansible_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True, timeout=timeout)
+
+
+def measure_fanout(work, counts=(1, 2, 4)):
+    """Start the engine on 1, 2 and 4 guests at once and wait for all with the module (one play):
+    wall time against one host. The guests share this machine's cores, so their engines start slower together."""
+    result = {"status": "not measured", "levels": []}
+    guests = FANOUT_GUESTS[:max(counts)]
+    try:
+        try:
+            addresses = _guests_up(list(guests))
+        except RuntimeError as exc:
+            result["why"] = str(exc)
+            return result
+        inventory = _inventory(os.path.join(work, "fanout-hosts.yml"), "bench_fanout", addresses)
+        prepared = _playbook(inventory, "fanout-prepare.yml", ",".join(guests))
+        if prepared.returncode != 0:
+            result["why"] = "bench/fanout-prepare.yml failed: %s" % prepared.stdout[-600:]
+            return result
+        for count in counts:
+            limit = ",".join(guests[:count])
+            unit = "bench-sim-%d-%d" % (count, int(time.time()))
+            start = time.monotonic()
+            run = _playbook(inventory, "fanout.yml", limit, {"bench_fanout_unit": unit})
+            wall = time.monotonic() - start
+            _playbook(inventory, "fanout-stop.yml", limit, {"bench_fanout_unit": unit})
+            recap = _recap(run.stdout)
+            result["levels"].append({"hosts": count, "wall_s": round(wall, 1), "rc": run.returncode,
+                                     "failed": sum(r.get("failed", 0) for r in recap.values())})
+            if run.returncode != 0:
+                result["why"] = "bench/fanout.yml failed on %d hosts: %s" % (count, run.stdout[-600:])
+                return result
+        result["status"] = "measured"
+        return result
+    finally:
+        testhosts("down", *guests, timeout=600)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=os.path.join(HERE, "out"))
+    parser.add_argument("--only", default="scenarios,cost,throughput,rerun,fanout",
+                        help="comma-separated steps: scenarios, cost, throughput, rerun, fanout (default: all)")
+    parser.add_argument("--scenarios", default="",
+                        help="only these engine-scenario pairs, e.g. vllm-normal,sglang-hang-loading (default: all)")
+    args = parser.parse_args(argv)
+    steps = set(args.only.split(","))
+    os.makedirs(args.out, exist_ok=True)
+    work = os.path.join(args.out, "work")
+    os.makedirs(work, exist_ok=True)
+    model = simrun.make_model(os.path.join(work, "model"), MODEL_MIB, MODEL_SHARDS)
+    results_path = os.path.join(args.out, "results.json")
+    results = {}
+    if os.path.exists(results_path):
+        with open(results_path) as handle:
+            results = json.load(handle)  # steps not run this time keep their last numbers
+    results["settings"] = dict(SETTINGS, sim_args=SIM_ARGS, model_mib=MODEL_MIB, model_shards=MODEL_SHARDS)
+    started = time.monotonic()
+    results["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    if "scenarios" in steps:
+        results["scenarios"] = []
+        for engine in ("sglang", "vllm"):
+            for name, fault, _ in SCENARIOS:
+                if args.scenarios and "%s-%s" % (engine, name) not in args.scenarios.split(","):
+                    continue
+                print("bench: %s %s" % (engine, name), flush=True)
+                results["scenarios"].append(run_scenario(engine, name, fault, model, work))
+    if "cost" in steps:
+        print("bench: the module's own cost", flush=True)
+        results["cost"] = measure_cost(model, work)
+    if "throughput" in steps:
+        print("bench: throughput of the simulated engine", flush=True)
+        results["throughput"] = measure_throughput(model, work)
+    if "rerun" in steps:
+        print("bench: deploy-k26.yml re-run on a ready test host", flush=True)
+        results["rerun"] = measure_rerun(work)
+    if "fanout" in steps:
+        print("bench: fan-out over 1, 2 and 4 test hosts", flush=True)
+        results["fanout"] = measure_fanout(work)
+    results["bench_seconds"] = round(time.monotonic() - started, 1)
+    results["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    with open(results_path, "w") as handle:
+        json.dump(results, handle, indent=1, sort_keys=True)
+    report.write(results, args.out)
+    print("bench: wrote %s" % os.path.join(args.out, "report.md"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""bench/report.py: which verdicts are wrong, how late, which targets are met, and the report it writes."""
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import report  # noqa: E402
+
+
+@pytest.mark.parametrize("scenario, approach, said, t, truth, wrong, why", [
+    ("normal", "module", "ready", 12.0, 11.2, False, ""),
+    ("normal", "wait_for", "ready", 9.4, 11.2, True, "said ready 1.8 s before the engine could answer a completion"),
+    ("normal", "uri", "ready", 11.0, 11.2, False, ""),  # within the pipe-stamping tolerance
+    ("normal", "uri", "gave up", 20.0, 11.2, True, "said gave up on a healthy start"),
+    ("normal", "module", "stalled", 30.0, 11.2, True, "said stalled on a healthy start"),
+    ("crash-loading", "uri", "gave up", 20.0, 3.1, False, ""),
+    ("crash-loading", "module", "failed", 3.5, 3.1, False, ""),
+    ("crash-loading", "module", "timeout", 120.0, 3.1, True, "said timeout, not failed"),
+    ("hang-ready", "uri", "ready", 11.5, 11.0, True, "said ready on a hung engine"),
+    ("hang-loading", "wait_for", "gave up", 20.0, 3.0, False, ""),
+    ("hang-loading", "module", "stalled", 14.0, 3.0, False, ""),
+    ("crash-loading", "wait_for", "ready", 1.0, 3.0, True, "said ready on a crashed engine"),
+])
+def test_judge(scenario, approach, said, t, truth, wrong, why):
+    verdict = report.judge(scenario, approach, said, t, truth)
+    assert verdict["wrong"] is wrong and verdict["why"] == why
+    assert verdict["delay"] == pytest.approx(t - truth)
+
+
+def test_judge_without_a_true_event_has_no_delay():
+    assert report.judge("normal", "module", "ready", 5.0, None)["delay"] is None
+
+
+def _scenario(engine, name, module, uri, wait_for):
+    return {"engine": engine, "scenario": name, "truth": 10.0, "fault": None, "progress": "",
+            "approaches": {"module": module, "uri": uri, "wait_for": wait_for}}
+
+
+def results():
+    j = report.judge
+    return {
+        "settings": {"poll_interval": 1.0, "stall_timeout": 10, "scale": 30, "deadline": 20, "retries": 20,
+                     "module_timeout": 120, "fault_after": 1.0, "sim_args": ["--tp", "2"], "model_mib": 128,
+                     "model_shards": 16},
+        "scenarios": [
+            _scenario("sglang", "normal", dict(j("normal", "module", "ready", 11.2, 10.0), verdict_delay=0.8),
+                      j("normal", "uri", "ready", 10.5, 10.0), j("normal", "wait_for", "ready", 8.0, 10.0)),
+            _scenario("vllm", "crash-loading", dict(j("crash-loading", "module", "failed", 12.5, 10.0), verdict_delay=2.3),
+                      j("crash-loading", "uri", "gave up", 20.0, 10.0), j("crash-loading", "wait_for", "gave up", 20.0, 10.0)),
+            _scenario("vllm", "hang-ready", dict(j("hang-ready", "module", "stalled", 21.0, 10.0), verdict_delay=10.9),
+                      j("hang-ready", "uri", "ready", 10.4, 10.0), j("hang-ready", "wait_for", "ready", 10.2, 10.0)),
+        ],
+        "cost": {"poll_interval": 5.0, "seconds": 120, "watched_s": 120.0, "polls": 24, "cpu_s": 0.6,
+                 "children_cpu_s": 0.5, "peak_rss_mib": 30.0},
+        "rerun": {"status": "not measured", "why": "tools/testhosts up failed:\nno bridge"},
+    }
+
+
+def test_targets_say_met_or_missed_with_the_number():
+    rows = dict((label.split(" (")[0].split(" within")[0], (met, number)) for label, met, number in report.targets(results()))
+    assert rows["ready"] == (True, "worst 0.80 s")
+    assert rows["crash"] == (False, "worst 2.30 s")  # the module's own time, not ansible-playbook's exit
+    assert rows["hang"] == (True, "worst 10.90 s")
+    assert rows["zero false stalls"] == (True, "0 of 1 healthy starts")
+    assert rows["the module's wrong verdicts: 0"] == (True, "0 of 3 scenarios")
+    assert rows["under 1 % of one core at a 5.0 s poll"][0] is True
+    assert rows["under 1 % of one core at a 5.0 s poll"][1].startswith("0.92 %")
+    assert rows["re-run on a ready host under 30 s with changed=0, no restart"] == (None, "not measured: no bridge")
+
+
+def test_a_core_share_of_one_percent_is_missed():
+    data = results()
+    data["cost"]["children_cpu_s"] = 0.6
+    rows = [row for row in report.targets(data) if row[0].startswith("under 1 %")]
+    assert rows == [("under 1 % of one core at a 5.0 s poll", False,
+                     "1.00 % (module 0.600 s + its children 0.600 s of CPU in 120 s)")]
+
+
+def test_fan_out_and_a_measured_rerun():
+    data = results()
+    data["fanout"] = {"status": "measured", "levels": [{"hosts": 1, "wall_s": 20.0, "rc": 0, "failed": 0},
+                                                       {"hosts": 4, "wall_s": 30.0, "rc": 0, "failed": 0}]}
+    data["rerun"] = {"status": "measured", "guest": "bench-rerun", "wall_s": 31.5, "changed": 0, "restarts": 0,
+                     "recap": {"ok": 40, "changed": 0}, "same_invocation": True}
+    text = report.render(data, {})
+    assert "| 1 | 20.0 | 1.00× | 0 |" in text and "| 4 | 30.0 | 1.50× | 0 |" in text
+    assert "| re-run on a ready host under 30 s with changed=0, no restart | **missed** | 31.5 s, changed=0, restarts 0 |" in text
+
+
+def test_report_tables_ratios_and_wrong_verdicts(tmp_path):
+    text = report.render(results(), {})
+    assert "| sglang | normal | 10.0 | ready +1.2 s | ready +0.5 s | ready -2.0 s **wrong** | 0.4× | wrong verdict |" in text
+    assert "| vllm | crash-loading | 10.0 | failed +2.5 s | gave up +10.0 s | gave up +10.0 s | 4.0× | 4.0× |" in text
+    assert "| uri | 1 of 3 | vllm hang-ready: said ready on a hung engine |" in text
+    assert "| wait_for | 2 of 3 |" in text and "| module | 0 of 3 | none |" in text
+    assert "| crash within one poll interval (1.0 s) of the process exit | **missed** | worst 2.30 s |" in text
+    assert "| 0.600 | 0.500 | 0.046 s | 33 s | 0.92 % | 30.0 MiB |" in text
+    report.write(results(), str(tmp_path))
+    assert (tmp_path / "report.md").read_text() == text  # no scenario has a progress file: no pictures
