@@ -32,7 +32,7 @@ pytestmark = [
 ]
 
 
-def testhosts(*args, check=True):
+def host_tool(*args, check=True):
     proc = subprocess.run([TESTHOSTS] + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True, timeout=600)
     if check and proc.returncode != 0:
@@ -100,11 +100,11 @@ def recap(output):
 
 @pytest.fixture(scope="module")
 def guest(tmp_path_factory):
-    testhosts("up", GUEST)
+    host_tool("up", GUEST)
     try:
-        testhosts("install-fake-gpus", GUEST)
+        host_tool("install-fake-gpus", GUEST)
         g = Guest(str(tmp_path_factory.mktemp("life")))
-        g.write_inventory(testhosts("addr", GUEST), testhosts("key"))
+        g.write_inventory(host_tool("addr", GUEST), host_tool("key"))
         rc, out, _ = g.play("playbooks/demo-model.yml")
         assert rc == 0, out
         rc, out, _ = g.play("deploy-k26.yml")
@@ -112,7 +112,7 @@ def guest(tmp_path_factory):
         assert '"2+2=" -> "4"' in out
         yield g
     finally:
-        testhosts("down", GUEST, check=False)
+        host_tool("down", GUEST, check=False)
 
 
 def test_rerun_converges_without_restart(guest):
@@ -142,12 +142,12 @@ def test_reboot_after_ready_and_during_load_comes_back_and_converges(guest):
     slow = {"model_service_extra_args": FAST[:1] + ["--load-rate-mib", "16"] + FAST[3:]}
     rc, out, _ = guest.play("deploy-k26.yml", slow)
     assert rc == 0, out
-    testhosts("reboot", GUEST)
+    host_tool("reboot", GUEST)
     # The unit is enabled: systemd starts it at boot, without Ansible.
     assert unit_state()["ActiveState"] in ("active", "activating")
     # Reboot again while it is loading (before the port opens).
     assert on_guest("ss -ltn 'sport = :30001' | tail -n +2") == ""
-    testhosts("reboot", GUEST)
+    host_tool("reboot", GUEST)
     assert unit_state()["ActiveState"] in ("active", "activating")
     rc, out, _ = guest.play("deploy-k26.yml", slow)
     assert rc == 0, out
