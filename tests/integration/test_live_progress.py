@@ -1,0 +1,214 @@
+"""Live progress under real ansible-playbook: the action plugin prints a line per host between
+slices of the wait, without -v, and ends with the result one long module call gives.
+
+Every simulated engine runs in its own process group on a free loopback port with a 64 MiB model
+and a start of about 16 s (8 s of reading) (SimRunner kills each group afterwards, whatever the outcome); the
+"hosts" are inventory aliases of localhost with ansible_connection=local, each waiting on its own
+engine, so two hosts wait at once in two forked workers.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from simharness import ROOT, SimRunner, make_model
+
+PLAYBOOK_BIN = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
+SECRET = "sk-live-progress-secret-5c2e"
+START = ["--start-seconds", "1", "--load-rate-mib", "8", "--init-seconds", "6", "--warmup-seconds", "1",
+         "--fake-gpus", "--fake-gpu-count", "2", "--tp", "2"]
+LINE = re.compile(r"^wait_for_model_ready \[(?P<host>[\w-]+)\]: (?P<phase>[a-z_]+) (?P<elapsed>\w+)(?P<rest>.*)$",
+                  re.MULTILINE)
+
+WAIT_TASK = """
+    - name: Wait until the simulated engine answers
+      wait_for_model_ready:
+        url: "{{ sim_url }}"
+        engine: sglang
+        pid: "{{ sim_pid }}"
+        log_path: "{{ sim_log }}"
+        model_path: "{{ sim_model }}"
+        api_key: "{{ sim_api_key }}"
+        timeout: 120
+        stall_timeout: 60
+        poll_interval: 1
+        progress_path: "{{ sim_progress }}"
+      register: wait_result
+      ignore_errors: true
+
+    - name: Keep the result for the test
+      ansible.builtin.copy:
+        content: "{{ wait_result | to_nice_json }}"
+        dest: "{{ sim_result }}"
+        mode: "0600"
+"""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("model"), size_mib=64, shards=8)
+
+
+@pytest.fixture
+def gpu_dir(tmp_path):
+    directory = tmp_path / "gpus"
+    directory.mkdir()
+    return str(directory)
+
+
+@pytest.fixture
+def start_sim(tmp_path, gpu_dir, model_dir):
+    runner = SimRunner(tmp_path, START)
+
+    def start(*extra):
+        return runner.start("sglang", model_dir, *extra, env={"MODELWAKE_API_KEY": SECRET,
+                                                             "MODELWAKE_FAKE_GPU_DIR": gpu_dir})
+    yield start
+    runner.stop_all()
+
+
+@pytest.fixture
+def playbook(tmp_path, gpu_dir, model_dir):
+    def run(sims, tasks, *args):
+        return run_playbook(tmp_path, gpu_dir, model_dir, sims, tasks, *args)
+    return run
+
+
+def run_playbook(tmp_path, gpu_dir, model_dir, sims, tasks, *args):
+    """ansible-playbook on one localhost alias per sim; returns (rc, stdout, {host: result})."""
+    inventory = tmp_path / "inventory.ini"
+    lines = ["[sims]"]
+    for host, sim in sims.items():
+        lines.append("%s ansible_connection=local ansible_python_interpreter=%s sim_url=%s sim_pid=%d sim_log=%s "
+                     "sim_model=%s sim_progress=%s sim_result=%s"
+                     % (host, sys.executable, sim.url, sim.pid, sim.log_path, model_dir,
+                        tmp_path / ("%s.progress.jsonl" % host), tmp_path / ("%s.result.json" % host)))
+    inventory.write_text("\n".join(lines) + "\n")
+    playbook = tmp_path / "wait.yml"
+    playbook.write_text("- name: Wait for the simulated engines\n  hosts: sims\n  gather_facts: false\n"
+                        "  tasks:\n" + tasks)
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="default",
+               ANSIBLE_NOCOLOR="1", MODELWAKE_FAKE_GPU_DIR=gpu_dir,
+               PATH=os.path.join(ROOT, "tests", "fakes") + os.pathsep + os.environ["PATH"])
+    # The key goes in as an extra var, as a vault variable would: never on the command line's output.
+    extra = tmp_path / "secret.json"
+    extra.write_text(json.dumps({"sim_api_key": SECRET}))
+    proc = subprocess.run([PLAYBOOK_BIN, "-i", str(inventory), "-e", "@%s" % extra, str(playbook)] + list(args),
+                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True, timeout=300)
+    results = {}
+    for host in sims:
+        path = tmp_path / ("%s.result.json" % host)
+        if path.exists():
+            results[host] = json.loads(path.read_text())
+    return proc.returncode, proc.stdout, results
+
+
+def progress_lines(stdout, host):
+    return [m for m in LINE.finditer(stdout) if m.group("host") == host]
+
+
+def test_two_hosts_each_print_progress_and_end_with_the_result_of_one_long_call(tmp_path, playbook, start_sim):
+    sims = {"sim-a": start_sim(), "sim-b": start_sim()}
+    rc, stdout, results = playbook(sims, WAIT_TASK, "-e", "modelwake_progress_interval=2")
+    assert rc == 0, stdout
+    assert SECRET not in stdout
+    for host in sims:
+        lines = progress_lines(stdout, host)
+        assert len(lines) >= 2, stdout
+        # A line every slice (2 s here) plus a poll and the module's restart, not at the end only.
+        elapsed = [int(m.group("elapsed").rstrip("s")) for m in lines]
+        assert elapsed == sorted(elapsed) and max(b - a for a, b in zip(elapsed, elapsed[1:])) <= 6, stdout
+        phases = [m.group("phase") for m in lines]
+        assert set(phases) <= {"starting", "loading", "initializing"}, phases
+        assert "loading" in phases or "initializing" in phases
+        assert any("read " in m.group("rest") and "/ 64.0 MiB (" in m.group("rest") for m in lines), stdout
+        assert any("GPU x2 " in m.group("rest") for m in lines), stdout
+        assert any("| log: " in m.group("rest") for m in lines), stdout
+        result = results[host]
+        assert result["phase"] == "ready" and result["failed"] is False
+        assert [p["phase"] for p in result["phases"]][-3:] == ["loading", "initializing", "ready"], result
+        assert result["pid"] == sims[host].pid
+        # One long wait's timeline: elapsed from the true start, more than any one slice.
+        assert result["elapsed"] >= 6 and result["phases"][-1]["start"] >= 6
+        assert "_slice" not in result and "_resume" not in json.dumps(result)
+        looks = [json.loads(line) for line in (tmp_path / ("%s.progress.jsonl" % host)).read_text().splitlines()]
+        times = [look["snapshot"]["t"] for look in looks]
+        # progress_path: one line per look across all slices, a poll apart, none lost or repeated.
+        assert times == sorted(set(times)) and len(looks) >= result["elapsed"] * 0.6
+        assert max(b - a for a, b in zip(times, times[1:])) < 4
+        assert looks[-1]["verdict"]["phase"] == "ready"
+
+    # The same wait in one call (no progress lines): the same keys, of the same types.
+    single = {"sim-c": start_sim()}
+    rc, stdout, plain = playbook(single, WAIT_TASK, "-e", "modelwake_progress_interval=0")
+    assert rc == 0, stdout
+    assert progress_lines(stdout, "sim-c") == []
+    sliced_result, plain_result = results["sim-a"], plain["sim-c"]
+    assert sorted(sliced_result) == sorted(plain_result)
+    assert dict((k, type(v)) for k, v in sliced_result.items()) == dict((k, type(v)) for k, v in plain_result.items())
+    assert [p["phase"] for p in sliced_result["phases"]] == [p["phase"] for p in plain_result["phases"]]
+
+
+def test_a_crash_keeps_its_message_and_evidence_after_progress_lines(tmp_path, playbook, start_sim):
+    sims = {"sim-crash": start_sim("--fault", "crash1:initializing", "--fault-after", "3")}
+    rc, stdout, results = playbook(sims, WAIT_TASK, "-e", "modelwake_progress_interval=2")
+    assert len(progress_lines(stdout, "sim-crash")) >= 2, stdout
+    result = results["sim-crash"]
+    assert result["failed"] is True and result["phase"] == "failed"
+    assert result["msg"].startswith("failed: the server logged a fatal error: ")
+    assert any("RuntimeError: CUDA error: an illegal memory access was encountered" in line
+               for line in result["evidence"])
+    assert "fatal: [sim-crash]: FAILED!" in stdout and SECRET not in stdout
+
+
+ONE_LOOK_TASKS = """
+    - name: Wait in the background
+      wait_for_model_ready:
+        url: "{{ sim_url }}"
+        pid: "{{ sim_pid }}"
+        api_key: "{{ sim_api_key }}"
+        timeout: 120
+        poll_interval: 1
+      async: 120
+      poll: 1
+      register: background
+
+    - name: Look once
+      wait_for_model_ready:
+        url: "{{ sim_url }}"
+        pid: "{{ sim_pid }}"
+        api_key: "{{ sim_api_key }}"
+        timeout: 0
+      register: once
+
+    - name: Look in check mode
+      wait_for_model_ready:
+        url: "{{ sim_url }}"
+        pid: "{{ sim_pid }}"
+        api_key: "{{ sim_api_key }}"
+        timeout: 30
+      check_mode: true
+      register: checked
+
+    - name: Keep the results for the test
+      ansible.builtin.copy:
+        content: "{{ {'background': background, 'once': once, 'checked': checked} | to_nice_json }}"
+        dest: "{{ sim_result }}"
+        mode: "0600"
+"""
+
+
+def test_async_timeout_zero_and_check_mode_work_as_before_without_lines(tmp_path, playbook, start_sim):
+    sims = {"sim-async": start_sim()}
+    rc, stdout, results = playbook(sims, ONE_LOOK_TASKS, "-e", "modelwake_progress_interval=2")
+    assert rc == 0, stdout
+    assert progress_lines(stdout, "sim-async") == []  # async: one background call; timeout 0: one look
+    result = results["sim-async"]
+    assert result["background"]["phase"] == "ready" and result["background"]["elapsed"] >= 6
+    assert result["once"]["phase"] == "ready" and result["once"]["elapsed"] <= 2  # one look: a completion
+    assert result["checked"]["phase"] == "ready"
+    assert SECRET not in stdout
