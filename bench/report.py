@@ -171,11 +171,13 @@ def render(results, pictures):
         total = cost["cpu_s"] + cost["children_cpu_s"]
         per_hour = 3600.0 * total / cost["watched_s"] if cost["watched_s"] else None
         lines += ["## The module's own cost", "",
-                  "The module waiting %.0f s (%d looks at `poll_interval: %s`) on an engine in a long silent, CPU-busy "
-                  "initialisation (pid mode, log file, 2 scripted GPUs). Measured from `/proc` of the AnsiballZ "
-                  "process every 0.1 s (the last 0.1 s may be missed): its own CPU time, that of its reaped children "
-                  "(the scripted `nvidia-smi` is a Python script: a real one, or NVML, costs less), and `VmHWM`."
-                  % (cost["watched_s"], cost["polls"], cost["poll_interval"]), "",
+                  "The module waiting %.0f s (%d looks at `poll_interval: %s`, run by `ansible-playbook` as operators "
+                  "run it: the action plugin's slices, %s module processes one after the other) on an engine in a "
+                  "long silent, CPU-busy initialisation (pid mode, log file, 2 scripted GPUs). Measured from `/proc` "
+                  "of each AnsiballZ process every 0.1 s (the last 0.1 s of each may be missed): its own CPU time, "
+                  "that of its reaped children (the scripted `nvidia-smi` is a Python script: a real one, or NVML, "
+                  "costs less), and `VmHWM`. The controller's own work is not counted: it is not on the host."
+                  % (cost["watched_s"], cost["polls"], cost["poll_interval"], cost.get("processes", 1)), "",
                   "| CPU s (module) | CPU s (children) | per look | per hour of waiting | share of one core | peak RSS |",
                   "|---|---|---|---|---|---|",
                   "| %.3f | %.3f | %.3f s | %s s | %.2f %% | %.1f MiB |" % (

@@ -181,42 +181,42 @@ def _proc_stat(pid):
     return fields
 
 
-def _children(pid):
-    try:
-        with open("/proc/%d/task/%d/children" % (pid, pid)) as handle:
-            return [int(p) for p in handle.read().split()]
-    except OSError:
-        return []
-
-
-def _descendants(pid):
-    found, todo = [], [pid]
-    while todo:
-        kids = _children(todo.pop())
-        found.extend(kids)
-        todo.extend(kids)
-    return found
-
-
-def _module_process(root):
-    """The AnsiballZ python under ansible-playbook: `<python> .../AnsiballZ_wait_for_model_ready.py`,
-    or with pipelining a bare interpreter reading the module from stdin."""
-    for pid in _descendants(root):
+def _module_processes(root):
+    """The AnsiballZ pythons under ansible-playbook: `<python> .../AnsiballZ_wait_for_model_ready.py`,
+    or with pipelining a bare interpreter reading the module from stdin. The action plugin runs the
+    module in slices, a new process each; a forked child before its exec looks the same, so only
+    the shallowest match of each chain counts."""
+    found = []
+    for pid in simrun.descendants(root):
         try:
             with open("/proc/%d/cmdline" % pid, "rb") as handle:
                 argv = [arg.decode("utf-8", "replace") for arg in handle.read().split(b"\0")[:-1]]
-        except OSError:
+            parent = int(_proc_stat(pid)[1])
+        except (OSError, IndexError, ValueError):
             continue
-        if not argv or not os.path.basename(argv[0]).startswith("python"):
+        if not argv or not os.path.basename(argv[0]).startswith("python") or parent in found:
             continue
         if len(argv) == 1 or argv[1].endswith("AnsiballZ_wait_for_model_ready.py"):
-            return pid
-    return None
+            found.append(pid)
+    return found
 
 
-def measure_cost(model, work, seconds=180.0, poll=5.0):
+def _sample(pid, ticks):
+    """(own CPU s, reaped children's CPU s, VmHWM KiB) of a process, or None once it is gone."""
+    try:
+        fields = _proc_stat(pid)
+        with open("/proc/%d/status" % pid) as handle:
+            hwm = [int(line.split()[1]) for line in handle if line.startswith("VmHWM:")]
+    except (OSError, IndexError, ValueError):
+        return None
+    return ((int(fields[11]) + int(fields[12])) / float(ticks), (int(fields[13]) + int(fields[14])) / float(ticks),
+            hwm[0] if hwm else 0)
+
+
+def measure_cost(model, work, seconds=120.0, poll=5.0):
     """The module waiting `seconds` on an engine stuck in a long silent (CPU-busy) initialisation, at
-    a `poll` s interval: CPU seconds and peak RSS of the module's process, sampled from /proc every 0.1 s."""
+    a `poll` s interval, run by ansible-playbook as operators run it (the action plugin's slices):
+    CPU seconds and peak RSS of the module's processes on the host, sampled from /proc every 0.1 s."""
     base = os.path.join(work, "cost")
     os.makedirs(os.path.join(base, "gpu"), exist_ok=True)
     env = {"MODELWAKE_FAKE_GPU_DIR": os.path.join(base, "gpu")}
@@ -225,7 +225,8 @@ def measure_cost(model, work, seconds=180.0, poll=5.0):
     sim = simrun.SimRun("sglang", model, _fresh(os.path.join(base, "engine.log")), args, env=env).start()
     progress = _fresh(os.path.join(base, "progress.jsonl"))
     ticks = os.sysconf("SC_CLK_TCK")
-    sample = {"pid": None, "cpu": 0.0, "children": 0.0, "hwm_kib": 0, "first": None, "last": None}
+    seen = {}  # pid -> the latest (cpu, children, hwm): counters only grow while a process lives
+    first = last = None
     try:
         sim.wait_for(LOAD_LINE["sglang"], 30)
         extra = {"bench_url": sim.url, "bench_pid": sim.proc.pid, "bench_port": sim.port, "bench_engine": "sglang",
@@ -233,31 +234,22 @@ def measure_cost(model, work, seconds=180.0, poll=5.0):
                  "bench_module_timeout": seconds, "bench_stall_timeout": 600, "bench_poll_interval": poll}
         waiter = Waiter("module", extra, ansible_env(env), os.path.join(base, "wait-module.log"))
         while waiter.end is None:
-            pid = _module_process(waiter.proc.pid)  # looked up every time: never a stale or forked pid
-            try:
-                fields = _proc_stat(pid) if pid else None
-                with open("/proc/%d/status" % pid) as handle:
-                    hwm = [int(l.split()[1]) for l in handle if l.startswith("VmHWM:")]
-            except (OSError, IndexError, ValueError, TypeError):
-                fields = None
-            if fields:
-                now = time.time()
-                # Counters only grow: the maximum is the module's, whatever a single look caught.
-                sample.update(pid=pid, cpu=max(sample["cpu"], (int(fields[11]) + int(fields[12])) / float(ticks)),
-                              children=max(sample["children"], (int(fields[13]) + int(fields[14])) / float(ticks)),
-                              hwm_kib=max(sample["hwm_kib"], hwm[0] if hwm else 0), last=now,
-                              samples=sample.get("samples", 0) + 1)
-                sample["first"] = sample["first"] or now
+            for pid in _module_processes(waiter.proc.pid):
+                values = _sample(pid, ticks)
+                if values:
+                    seen[pid] = values
+                    last = time.time()
+                    first = first or last
             time.sleep(0.1)
         waiter.join(30)
     finally:
         sim.stop()
     with open(progress) as handle:
         polls = sum(1 for line in handle if line.strip())
-    watched = (sample["last"] or 0) - (sample["first"] or 0)
-    return {"poll_interval": poll, "seconds": seconds, "watched_s": round(watched, 1), "polls": polls,
-            "cpu_s": round(sample["cpu"], 3), "children_cpu_s": round(sample["children"], 3),
-            "peak_rss_mib": round(sample["hwm_kib"] / 1024.0, 1), "samples": sample.get("samples", 0)}
+    return {"poll_interval": poll, "seconds": seconds, "watched_s": round((last or 0) - (first or 0), 1),
+            "polls": polls, "processes": len(seen), "cpu_s": round(sum(v[0] for v in seen.values()), 3),
+            "children_cpu_s": round(sum(v[1] for v in seen.values()), 3),
+            "peak_rss_mib": round(max([v[2] for v in seen.values()] or [0]) / 1024.0, 1)}
 
 
 # -- throughput on the sim -------------------------------------------------------------------------

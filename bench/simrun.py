@@ -7,38 +7,17 @@ Every engine runs in its own session and is stopped by process group, whatever h
 """
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SIM_PATH = os.path.join(ROOT, "engines", "sim")
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def sim_env(extra=None):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = SIM_PATH
-    env.pop("MODELWAKE_API_KEY", None)
-    env.update(extra or {})
-    return env
-
-
-def make_model(path, size_mib, shards):
-    """make-model, then sync: the sim drops each shard's page cache before reading it, which only
-    works for clean pages, and read_bytes only counts reads that reach the disk."""
-    subprocess.run([sys.executable, "-m", "modelwake_sim", "make-model", path, "--size-mib", str(size_mib),
-                    "--shards", str(shards), "--quantization", "none"], env=sim_env(), check=True,
-                   stdout=subprocess.DEVNULL)
-    os.sync()
-    return path
+# The integration tests' helpers: a free loopback port, the sim's environment, a model whose
+# shards are on disk and out of the page cache (so read_bytes counts the engine's reads).
+from simharness import descendants, free_port, make_model, sim_env  # noqa: E402,F401
 
 
 class SimRun(object):

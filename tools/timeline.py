@@ -138,8 +138,9 @@ def _markers(records, engine):
     final = records[-1]["verdict"]
     if final["phase"] in classifier.TERMINAL or final["phase"] == classifier.READY:
         # The verdict itself: what the module returned, and when.
+        msg = final.get("msg") or final["phase"]
         markers.append(Marker(records[-1]["snapshot"]["t"], final["phase"],
-                              "%s: %s" % (final["phase"], final.get("msg") or "")))
+                              msg if msg.startswith(final["phase"]) else "%s: %s" % (final["phase"], msg)))
     return markers
 
 
@@ -248,7 +249,7 @@ def render_png(timeline, path, title=None):
         right = marker.t > end * 0.6
         top.annotate("%.0f s  %s" % (marker.t, marker.label), xy=(marker.t, y), xytext=(-4 if right else 4, 0),
                      textcoords="offset points", ha="right" if right else "left", va="center", fontsize=7.5,
-                     color=_marker_colour(marker.phase, "#222222"),
+                     color="#b30000" if marker.phase in classifier.TERMINAL else _marker_colour(marker.phase, "#222222"),
                      bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.8))
     final = timeline.final
     top.set_title(title or "wait_for_model_ready: %s after %.0f s (engine %s)"
