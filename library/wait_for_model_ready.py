@@ -287,6 +287,9 @@ def main():
             result = wait_for_ready(config, HostProbe(config))
     except ModelWakeError as exc:
         module.fail_json(msg=str(exc), phase="failed", elapsed=getattr(exc, "elapsed", 0))
+    # Through warn(): passing `warnings` to exit_json is deprecated in ansible-core 2.19.
+    for warning in result.pop("warnings", []):
+        module.warn(warning)
     failed = result.pop("failed")
     if failed:
         module.fail_json(changed=False, **result)
