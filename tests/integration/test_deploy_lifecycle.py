@@ -138,8 +138,10 @@ def test_crash_during_load_fails_within_seconds_with_the_root_cause(guest):
 
 
 def test_reboot_after_ready_and_during_load_comes_back_and_converges(guest):
-    # A slower load (256 MiB at 16 MiB/s) so the reboot can land in the middle of it.
-    slow = {"model_service_extra_args": FAST[:1] + ["--load-rate-mib", "16"] + FAST[3:]}
+    # A slower start (256 MiB at 8 MiB/s, then 20 s of silent initialisation): the reboot lands in
+    # the middle of it, and the re-run (about 20 s of Ansible before its wait) still finds it loading.
+    slow = {"model_service_extra_args": ["--disable-cuda-graph", "--load-rate-mib", "8", "--start-seconds", "1",
+                                         "--init-seconds", "20", "--warmup-seconds", "1"]}
     rc, out, _ = guest.play("deploy-k26.yml", slow)
     assert rc == 0, out
     host_tool("reboot", GUEST)
