@@ -77,6 +77,18 @@ def _mib(value):
     return "%.1f MiB" % (value / MIB)
 
 
+# Phases a Type=notify launcher's STATUS= may open with (`loading 45% (29/64 shards, ...)`). Its
+# ready and terminal words are not taken from it: the ready check and the unit's state decide those.
+STATUS_PHASES = (STARTING, LOADING, INITIALIZING)
+
+
+def status_phase(status_text):
+    """The phase a unit's StatusText names, or None (another service's text, or none)."""
+    words = (status_text or "").split(None, 1)
+    word = words[0].rstrip(":") if words else ""
+    return word if word in STATUS_PHASES else None
+
+
 STATE_WORDS = {"T": "stopped", "t": "stopped by a tracer", "D": "in uninterruptible disk sleep", "Z": "a zombie"}
 
 
@@ -193,6 +205,7 @@ class Classifier(object):
         if st["status_prev"] is not None and status_text != st["status_prev"]:
             events.append("systemd status %r" % status_text)
         st["status_prev"] = status_text
+        st["status_phase"] = status_phase(status_text)
 
         self._track_reads(t, proc.get("read_bytes"))
         alive = self._alive(snap, proc)
@@ -307,6 +320,9 @@ class Classifier(object):
             st["nrestarts"] = restarts
         detail = "ActiveState=%s, SubState=%s, Result=%s, exit status %s" % (
             unit.get("ActiveState"), unit.get("SubState"), unit.get("Result"), unit.get("ExecMainStatus"))
+        if unit.get("StatusText"):
+            # A notify unit's last word, e.g. its launcher's "stalled: no progress for 600 s ...".
+            detail += '; status "%s"' % unit["StatusText"][:300]
         if restarts is not None and st["nrestarts"] is not None and restarts > st["nrestarts"]:
             return Verdict(FAILED, "failed: unit %s restarted %d time(s) during the wait (NRestarts %d -> %d; %s): "
                            "its server crashed" % (name, restarts - st["nrestarts"], st["nrestarts"], restarts, detail),
@@ -343,6 +359,9 @@ class Classifier(object):
         if not alive:
             return NOT_STARTED
         phase = st["marker_phase"] or STARTING
+        if st.get("status_phase"):
+            # A notify unit's launcher names the phase in its STATUS=: as good as a log marker.
+            phase = _later(phase, st["status_phase"])
         reading = read_delta is not None and read_delta >= cfg.read_threshold
         if phase == STARTING and (reading or gpu_rising):
             phase = LOADING  # the log is silent, the disk or the GPUs are not

@@ -63,7 +63,12 @@ class HostProbe(object):
             main = unit.get("MainPID") or 0
             roots = procfs.cgroup_pids(unit.get("ControlGroup"), main, self.proc_root) or ([main] if main else [])
             processes = procfs.tree(roots, self.proc_root)
-            return main or None, dict((p, i) for p, i in processes.items() if not procfs.is_gone(i))
+            live = dict((p, i) for p, i in processes.items() if not procfs.is_gone(i))
+            if main in live and systemd.is_launcher(live[main]["cmdline"]):
+                # A notify unit's main process is modelwake's launcher: its own looks (HTTP probes,
+                # nvidia-smi runs it reaps) are not the server's progress. Count the engine only.
+                del live[main]
+            return main or None, live
         root = procfs.read_process(self.config.pid, self.proc_root)
         if procfs.is_gone(root) or root["starttime"] != self.root_start:
             return self.config.pid, {}

@@ -1,9 +1,20 @@
 """The state of a systemd unit, from `systemctl show`."""
+import re
+
 from .command import run_command
 
 PROPERTIES = ("ActiveState", "SubState", "MainPID", "NRestarts", "ExecMainStatus", "ExecMainCode",
               "Result", "StatusText", "Type", "LoadState", "InvocationID", "ControlGroup")
 INT_PROPERTIES = ("MainPID", "NRestarts", "ExecMainStatus", "ExecMainCode")
+
+
+# modelwake's Type=notify launcher as its command line shows it: the role's entry point, or
+# `python -m modelwake launch`. As a unit's main process it is not the server (see probe.py).
+LAUNCHER = re.compile(r"(?:^|[\s/])modelwake-launch(?:\s|$)|\s-m modelwake launch(?:\s|$)")
+
+
+def is_launcher(cmdline):
+    return bool(LAUNCHER.search(cmdline or ""))
 
 
 class SystemdError(Exception):

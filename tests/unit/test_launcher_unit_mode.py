@@ -1,0 +1,131 @@
+"""wait_for_model_ready's view of a Type=notify unit run by the launcher: `activating` with a
+StatusText is a start in progress (its phase named by the status), not a failure; the status is
+one more signal; the launcher's own process is not the server's progress; the launcher's last
+status is part of a failure's message."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from modelwake import procfs, systemd
+from modelwake.classifier import status_phase
+from modelwake.probe import HostProbe
+
+from loopback import closed_port
+from test_probe import fake_nvml  # noqa: F401 (pytest fixture)
+from traces import config, replay, Trace
+
+UNIT = "sglang-k26.service"
+
+
+def notify_unit(status, active="activating", sub="start", restarts=0, main_pid=100, result="success"):
+    return {"ActiveState": active, "SubState": sub, "MainPID": main_pid, "NRestarts": restarts, "Type": "notify",
+            "StatusText": status, "Result": result, "ExecMainStatus": None, "LoadState": "loaded"}
+
+
+@pytest.mark.parametrize("text, phase", [
+    ("loading 45% (29/64 shards, 412 MiB/s, ETA 6m12s)", "loading"),
+    ("initializing: Capture cuda graph begin (since 4m10s)", "initializing"),
+    ("starting the engine", "starting"),
+    ("ready in 14m03s", None),  # the ready check decides, never a status text
+    ("stalled: no progress for 600 s in phase loading", None),
+    ("Processing requests...", None),  # another service's words
+    ("", None),
+    (None, None),
+])
+def test_status_phase(text, phase):
+    assert status_phase(text) == phase
+
+
+@pytest.mark.parametrize("cmdline, expected", [
+    ("/opt/modelwake/venv/bin/python /opt/modelwake/lib/modelwake-launch --url http://127.0.0.1:30001 -- x", True),
+    ("python3 -m modelwake launch --url http://127.0.0.1:30001 -- x", True),
+    ("/opt/modelwake/venv/bin/python -m modelwake_sim serve --engine sglang", False),
+    ("python -m sglang.launch_server --model-path /srv/modelwake-launcher-test", False),
+    ("", False),
+])
+def test_the_launcher_is_recognised_by_its_command_line(cmdline, expected):
+    assert systemd.is_launcher(cmdline) is expected
+
+
+def test_an_activating_notify_unit_with_a_silent_engine_is_loading_not_failed_nor_stalled():
+    """No log line, no CPU, no reads the module can see (say, the journal is unreadable): the
+    launcher's status names the phase and its changes are progress."""
+    trace = Trace(pids=(100, 101))
+    cfg = config(unit=UNIT, engine="sglang", stall_timeout=60, poll_interval=5)
+    snaps = [trace.step(0, unit=notify_unit("starting the engine"))]
+    for i, t in enumerate(range(5, 200, 5)):
+        snaps.append(trace.step(t, unit=notify_unit("loading %d%% (%d/64 shards)" % (i * 100 // 64, i))))
+    verdicts = replay(cfg, snaps)
+    phases = [v.phase for _t, v in verdicts]
+    assert phases[0] == "starting" and set(phases[1:]) == {"loading"}
+    assert not any(v.terminal for _t, v in verdicts)
+    assert "systemd status 'loading" in verdicts[-1][1].last_progress["what"]
+
+
+def test_an_unchanging_status_is_no_progress():
+    trace = Trace(pids=(100, 101))
+    cfg = config(unit=UNIT, engine="sglang", stall_timeout=60, poll_interval=5)
+    snaps = [trace.step(t, unit=notify_unit("loading 40% (26/64 shards)")) for t in range(0, 100, 5)]
+    verdicts = replay(cfg, snaps)
+    assert verdicts[-1][1].phase == "stalled" and verdicts[-1][0] == 60
+
+
+def test_the_launchers_last_status_is_in_the_failure_message():
+    trace = Trace(pids=(100, 101))
+    cfg = config(unit=UNIT, engine="sglang", stall_timeout=600, poll_interval=5)
+    snaps = [trace.step(0, cpu=1.0, unit=notify_unit("loading 40% (26/64 shards)")),
+             trace.step(5, alive=False, unit=notify_unit("stalled: no progress for 600 s in phase loading",
+                                                         active="activating", sub="auto-restart", main_pid=0,
+                                                         result="exit-code"))]
+    verdicts = replay(cfg, snaps)
+    verdict = verdicts[-1][1]
+    assert verdict.phase == "failed"
+    assert 'status "stalled: no progress for 600 s in phase loading"' in verdict.msg
+
+
+LAUNCHER_LIKE = r"""
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+n = 0
+for i in range(3000000):  # the launcher's own work: HTTP probes, nvidia-smi, reading /proc
+    n += i
+print(child.pid, flush=True)
+sys.stdin.read()
+child.stdin.close()
+child.wait()
+"""
+
+
+class NotifySystemd(object):
+    """Scripted systemctl/journalctl: a notify unit whose MainPID is a real launcher-like process."""
+
+    def __init__(self, main_pid):
+        self.main_pid = main_pid
+
+    def __call__(self, argv, timeout=30):
+        if argv[0] == "systemctl":
+            return 0, ("ActiveState=activating\nSubState=start\nMainPID=%d\nNRestarts=0\nType=notify\n"
+                       "StatusText=loading 12%% (8/64 shards)\nLoadState=loaded\nInvocationID=inv1\n"
+                       "ControlGroup=/system.slice/nowhere-%d.service\n" % (self.main_pid, os.getpid())), ""
+        if argv[0] == "journalctl":
+            return 0, "", ""
+        return 127, "", "not scripted"
+
+
+def test_the_probe_counts_the_engine_under_the_launcher_not_the_launcher(fake_nvml):  # noqa: F811
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER_LIKE, "/opt/modelwake/lib/modelwake-launch"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, universal_newlines=True)
+    try:
+        engine_pid = int(launcher.stdout.readline())
+        cfg = config(unit=UNIT, url="http://127.0.0.1:%d" % closed_port())
+        snap = HostProbe(cfg, runner=NotifySystemd(launcher.pid), nvml=fake_nvml).snapshot(0.0)
+        assert snap.process["pids"] == [engine_pid] and snap.process["alive"] is True
+        launcher_cpu = procfs.read_process(launcher.pid)["own_ticks"] / float(procfs.CLK_TCK)
+        assert launcher_cpu >= 0.1
+        assert snap.process["cpu_seconds"] < launcher_cpu  # the engine's start-up only
+        assert snap.unit["StatusText"] == "loading 12% (8/64 shards)"
+    finally:
+        launcher.stdin.close()
+        launcher.wait()
