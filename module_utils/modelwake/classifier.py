@@ -23,8 +23,9 @@ between one-shot looks.
 import copy
 import dataclasses
 from typing import Any, Dict, List, Optional
+from urllib.parse import urlparse
 
-from . import engines
+from . import engines, http_probe
 
 NOT_STARTED = "not_started"
 STARTING = "starting"
@@ -107,6 +108,7 @@ class Classifier(object):
             "read_samples": [], "last_read_t": None, "disk_loading_seen": False,
             "tail": [], "fatal": None, "fatal_waited": False,
             "main_pid": None, "nrestarts": None, "seen_running": False,
+            "listen_url": None,
         }
 
     def state_dict(self):
@@ -135,6 +137,8 @@ class Classifier(object):
                 st.update(tail=[], fatal=None, fatal_waited=False, shards=None, marker_phase=STARTING, marker_line=line,
                           ready_hint=False, reset=True)
             st["tail"] = (st["tail"] + [line])[-TAIL_LINES:]
+            if engines.listen_url(line):
+                st["listen_url"] = engines.listen_url(line)
             if kind == "fatal" and run_seen and st["fatal"] is None:
                 st["fatal"] = line
             if kind == "heartbeat":
@@ -273,13 +277,17 @@ class Classifier(object):
     def _failure(self, snap, t, proc, alive):
         st = self.state
         cfg = self.config
+        holder = self._foreign_listener(snap, proc)
+        # A server that died of "Address already in use" is best told who holds the port.
+        held = ("; port %d is held by another process (pid %d, %s)" % (cfg.port(), holder["pid"], holder.get("comm") or "?")
+                if holder else "")
         if st["fatal"] is not None:
             cause = engines.root_cause(st["tail"], st["fatal"])
             if cause[0] == st["fatal"] and alive and not st["fatal_waited"]:
                 # No line names the cause yet: its traceback may arrive with the next look.
                 st["fatal_waited"] = True
                 return None
-            return Verdict(FAILED, "failed: the server logged a fatal error: %s" % cause[0].strip(),
+            return Verdict(FAILED, "failed: the server logged a fatal error: %s%s" % (cause[0].strip(), held),
                            evidence=cause, terminal=True)
         if cfg.unit:
             verdict = self._unit_failure(snap, t)
@@ -287,23 +295,32 @@ class Classifier(object):
                 return verdict
         elif not alive:
             pid = proc.get("root_pid") or cfg.pid
-            return Verdict(FAILED, "failed: process %s exited %s into the wait, in phase %s"
-                           % (pid, self._secs(t), st["phase"] or STARTING),
-                           evidence=self._crash_evidence(), terminal=True)
+            evidence = self._crash_evidence()
+            # The exception it died of belongs in the message, not only in the evidence.
+            cause = (": %s" % evidence[0].strip()[:300]
+                     if evidence and engines.EXCEPTION_LINE.search(evidence[0]) else "")
+            return Verdict(FAILED, "failed: process %s exited %s into the wait, in phase %s%s%s"
+                           % (pid, self._secs(t), st["phase"] or STARTING, cause, held),
+                           evidence=evidence, terminal=True)
         health = (snap.http or {}).get("health") or {}
         if st["engine"] == "vllm" and health.get("kind") == "status" and health.get("code") == 503:
             return Verdict(FAILED, "failed: vLLM's /health answers 503: its engine core is dead",
                            evidence=self._crash_evidence(), terminal=True)
-        if snap.listeners and cfg.url_is_local():
-            ours = set(proc.get("pids") or [])
-            foreign = [o for o in snap.listeners if o.get("pid") is not None and o["pid"] not in ours]
-            if foreign and ours:
-                other = foreign[0]
-                return Verdict(FAILED, "failed: port %d is held by another process (pid %d, %s), not by the "
-                               "server's processes %s: stop it or change the port"
-                               % (cfg.port(), other["pid"], other.get("comm") or "?", sorted(ours)[:8]),
-                               evidence=self._crash_evidence(), terminal=True)
+        ours = proc.get("pids") or []
+        if holder and ours:
+            return Verdict(FAILED, "failed: port %d is held by another process (pid %d, %s), not by the "
+                           "server's processes %s: stop it or change the port"
+                           % (cfg.port(), holder["pid"], holder.get("comm") or "?", sorted(ours)[:8]),
+                           evidence=self._crash_evidence(), terminal=True)
         return None
+
+    def _foreign_listener(self, snap, proc):
+        """The first process outside the server's tree that listens on the URL's port, or None."""
+        if not snap.listeners or not self.config.url_is_local():
+            return None
+        ours = set(proc.get("pids") or [])
+        foreign = [o for o in snap.listeners if o.get("pid") is not None and o["pid"] not in ours]
+        return foreign[0] if foreign else None
 
     def _unit_failure(self, snap, t):
         st = self.state
@@ -399,20 +416,51 @@ class Classifier(object):
             return Verdict(READY, "ready after %s: %s" % (self._secs(t), self._ready_reason(http)),
                            evidence=[st["marker_line"]] if st["marker_line"] else [], terminal=False)
         quiet = t - st["last_progress_t"]
+        notes = self._http_notes(http)
         if quiet >= cfg.stall_timeout:
-            return Verdict(STALLED, "stalled: no progress for %s in phase %s (last progress: %s at +%s; %s)"
+            return Verdict(STALLED, "stalled: no progress for %s in phase %s (last progress: %s at +%s; %s)%s"
                            % (self._secs(quiet), phase, st["last_progress"], self._secs(st["last_progress_t"]),
-                              self._picture(snap, proc, cpu_rate)),
-                           evidence=st["tail"][-10:], terminal=True)
+                              self._picture(snap, proc, cpu_rate), notes),
+                           evidence=self._hang_evidence(http), terminal=True)
         if cfg.timeout and t >= cfg.timeout:
-            return Verdict(TIMEOUT, "timeout: not ready after %s; in phase %s since +%s, last progress %s ago (%s); %s"
+            return Verdict(TIMEOUT, "timeout: not ready after %s; in phase %s since +%s, last progress %s ago (%s); %s%s"
                            % (self._secs(t), phase, self._secs(self._phase_start(phase, t)),
-                              self._secs(quiet), st["last_progress"], self._picture(snap, proc, cpu_rate)),
-                           evidence=st["tail"][-10:], terminal=True)
+                              self._secs(quiet), st["last_progress"], self._picture(snap, proc, cpu_rate), notes),
+                           evidence=self._hang_evidence(http), terminal=True)
         msg = "%s since +%s: %s" % (phase, self._secs(self._phase_start(phase, t)), self._picture(snap, proc, cpu_rate))
         if st["ready_hint"]:
             msg += "; the engine logged that it is ready but the %s check does not pass yet" % cfg.ready_check
-        return Verdict(phase, msg, evidence=[st["marker_line"]] if st["marker_line"] else [])
+        return Verdict(phase, msg + notes, evidence=[st["marker_line"]] if st["marker_line"] else [])
+
+    def _http_notes(self, http):
+        """Why the HTTP answers cannot pass, when the reason is plain: a wrong port, a missing key."""
+        notes = []
+        logged = self.state.get("listen_url")
+        health = http.get("health") or {}
+        if logged and health.get("kind") == "refused":
+            try:
+                logged_port = urlparse(logged).port
+            except ValueError:
+                logged_port = None
+            if logged_port and logged_port != self.config.port():
+                notes.append("the server logged that it listens on %s, not on port %d of the url: fix the url"
+                             % (logged, self.config.port()))
+        denied = [name for name in ("models", "completion")
+                  if (http.get(name) or {}).get("kind") == "status" and http[name]["code"] in (401, 403)]
+        if denied:
+            notes.append("/%s answers %d: %s" % (denied[0], http[denied[0]]["code"],
+                                                 "the api_key was refused" if self.config.api_key
+                                                 else "the server wants an api_key"))
+        return "".join("; " + note for note in notes)
+
+    def _hang_evidence(self, http):
+        """The last log lines, after a hung request's own account: a hung vLLM still answers /health."""
+        evidence = self.state["tail"][-10:]
+        completion = http.get("completion") or {}
+        if completion.get("kind") == "timeout":
+            evidence = ["POST /v1/completions (model %r): %s, while GET /health answered %s"
+                        % (http.get("model"), completion.get("error"), http_probe.describe(http.get("health")))] + evidence
+        return evidence
 
     def _ready_reason(self, http):
         check = self.config.ready_check

@@ -61,6 +61,7 @@ FATAL = {
         r"Received sigquit from a child proces",  # sic: "proces" in SGLang's source
         r"Initialization failed\. warmup error",
         r"[Ww]atchdog timeout \(self\.watchdog_timeout=",
+        r"Rank \d+ scheduler is dead",  # a scheduler killed without a traceback (OOM killer, SIGKILL)
     ],
     "vllm": [
         r"Engine core initialization failed",
@@ -96,6 +97,9 @@ SIGNATURES = {
     "vllm": [r"vLLM API server version", r"Initializing a V1 LLM engine", r"\((APIServer|EngineCore\w*|Worker\w*) pid=\d+\)",
              r"Starting to load model", r"VLLM::"],
 }
+
+# Where the server says it listens (SGLang's uvicorn line; vLLM's API server line).
+LISTEN_URL = re.compile(r"(?:Uvicorn running on|Starting vLLM (?:API )?server(?: \d+)? on) (https?://[^\s()]+)")
 
 SHARDS = re.compile(r"(?:Loading safetensors checkpoint shards|Multi-thread loading shards):\s*(\d+)% Completed \| (\d+)/(\d+)")
 
@@ -172,6 +176,12 @@ def shard_progress(line):
     for match in SHARDS.finditer(line):
         found = (int(match.group(2)), int(match.group(3)))  # the last redraw in a \r-joined record
     return found
+
+
+def listen_url(line):
+    """The URL a server logged that it listens on, else None."""
+    match = LISTEN_URL.search(line)
+    return match.group(1).rstrip("/") if match else None
 
 
 def is_generic(line):

@@ -139,6 +139,46 @@ def test_crash_process_gone_is_failed_on_the_first_poll_with_the_exception_as_ev
     assert "Traceback (most recent call last):" in final.evidence
 
 
+@pytest.mark.parametrize("lines,cause,in_msg", [
+    # SGLang's scheduler killed without a traceback (crash0, the OOM killer): the API process says so, exits 0.
+    (["[2026-11-30 05:12:09] Rank 0 scheduler is dead. Please check if there are relevant logs.",
+      "[2026-11-30 05:12:09] Exit code: -9"], "Rank 0 scheduler is dead", "the server logged a fatal error: "),
+    # An exception nobody wraps (a missing model directory): the message names it, not only the evidence.
+    (["Traceback (most recent call last):", '  File "/v/transformers/utils/hub.py", line 470, in cached_files',
+      "OSError: Incorrect path_or_model_id: '/m'. Please provide either the path to a local folder"],
+     "OSError: Incorrect path_or_model_id: '/m'", "exited 10 s into the wait, in phase starting: OSError: Incorrect"),
+], ids=["sglang-scheduler-dead-exit-0", "uncaught-exception-at-exit"])
+def test_crash_names_its_cause_first_in_the_evidence_and_in_the_message(lines, cause, in_msg):
+    cfg = config(engine="sglang")
+    trace = Trace()
+    verdicts = replay(cfg, [trace.step(0, lines=["server_args=ServerArgs(model_path='/m')"]),
+                            trace.step(5, cpu=1, lines=lines), trace.step(10, alive=False)])
+    t_end, final = verdicts[-1]
+    assert (t_end, final.phase) == (10, "failed")
+    assert cause in final.evidence[0]
+    assert in_msg in final.msg
+
+
+@pytest.mark.parametrize("alive,lines,words", [
+    (True, [], "failed: port 30001 is held by another process (pid 4242, python3), not by the server"),
+    # The engine died of it before the first look: the fatal line, and who holds the port.
+    (True, ["OSError: [Errno 98] Address already in use"],
+     "fatal error: OSError: [Errno 98] Address already in use; port 30001 is held by another process (pid 4242"),
+    (False, ["Traceback (most recent call last):", "OSError: [Errno 98] Address already in use"],
+     "OSError: [Errno 98] Address already in use; port 30001 is held by another process (pid 4242, python3)"),
+], ids=["alive", "fatal-line", "exited"])
+def test_port_held_by_another_process_is_named_also_when_the_server_died_of_it(alive, lines, words):
+    cfg = config(engine="sglang")
+    trace = Trace(pids=(100,))
+    listener = [{"pid": 4242, "comm": "python3"}]
+    verdicts = replay(cfg, [trace.step(0, lines=["server_args=ServerArgs(model_path='/m')"] + lines, alive=alive,
+                                       http_result=http(404), listeners=listener),
+                            trace.step(5, alive=False, http_result=http(404), listeners=listener)])
+    final = verdicts[-1][1]
+    assert final.phase == "failed"
+    assert words in final.msg
+
+
 VLLM_TRUNCATED_SHARD = [
     "(Worker pid=311) INFO 11-30 04:40:01 [gpu_model_runner.py:1] Starting to load model /m...",
     "Loading safetensors checkpoint shards:   0% Completed | 0/3 [00:00<?, ?it/s]",
@@ -256,12 +296,62 @@ def test_unit_restart_count_is_reported():
     ("sglang", http(503, models=200)),  # SGLang's static model list during warm-up
     ("vllm", http(200, models=200, completion="timeout", model="tiny")),  # hung engine: /health 200, completion hangs
     ("vllm", http(200, models=200, completion=404, model="wrong")),
-], ids=["sglang-models-200-warming", "vllm-health-200-completion-timeout", "vllm-completion-404"])
+    ("sglang", http(200, models=401)),  # a server that wants an api_key: its model list is refused
+], ids=["sglang-models-200-warming", "vllm-health-200-completion-timeout", "vllm-completion-404", "sglang-models-401"])
 def test_endpoints_that_answer_before_ready_are_not_ready(engine, answer):
     cfg = config(engine=engine)
     trace = Trace()
     _t, final = replay(cfg, [trace.step(0), trace.step(5, cpu=1, http_result=answer)])[-1]
     assert final.phase == "initializing" and not final.terminal
+
+
+@pytest.mark.parametrize("listen_line", [
+    "[2026-11-30 05:12:09] INFO:     Uvicorn running on http://127.0.0.1:30002 (Press CTRL+C to quit)",
+    "(APIServer pid=100) INFO 11-30 05:12:09 [api_server.py:1912] Starting vLLM server on http://127.0.0.1:30002",
+], ids=["sglang", "vllm"])
+def test_url_to_a_closed_port_while_the_server_logged_another_says_where_it_listens(listen_line):
+    cfg = config(engine="auto", stall_timeout=10)
+    trace = Trace()
+    verdicts = replay(cfg, [trace.step(0, lines=[listen_line])] + [trace.step(t) for t in range(5, 30, 5)])
+    t_end, final = verdicts[-1]
+    assert (t_end, final.phase) == (10, "stalled")
+    assert "HTTP /health refused" in final.msg
+    assert final.msg.endswith("; the server logged that it listens on http://127.0.0.1:30002, "
+                              "not on port 30001 of the url: fix the url")
+
+
+def test_url_of_the_logged_port_gets_no_port_note():
+    cfg = config(engine="sglang", stall_timeout=10)
+    trace = Trace()
+    lines = ["INFO:     Uvicorn running on http://0.0.0.0:30001 (Press CTRL+C to quit)"]
+    _t, final = replay(cfg, [trace.step(0, lines=lines), trace.step(5), trace.step(10)])[-1]
+    assert final.phase == "stalled" and "not on port" not in final.msg
+
+
+@pytest.mark.parametrize("api_key,words", [(None, "/models answers 401: the server wants an api_key"),
+                                           ("wrong", "/models answers 401: the api_key was refused")])
+def test_models_401_says_what_to_do_about_the_api_key(api_key, words):
+    cfg = config(engine="sglang", api_key=api_key)
+    trace = Trace()
+    _t, final = replay(cfg, [trace.step(0, http_result=http(200, models=401))])[-1]
+    assert final.phase == "initializing" and words in final.msg
+    assert "wrong" not in final.msg
+
+
+def test_hung_completion_is_the_first_evidence_of_a_stall():
+    cfg = config(engine="vllm", stall_timeout=30)
+    trace = Trace()
+    hung = http(200, models=200, completion="timeout", model="tiny")
+    hung["completion"]["error"] = "no answer in 30 s"
+    ready_line = "(APIServer pid=100) INFO:     Application startup complete."
+    verdicts = replay(cfg, [trace.step(0, lines=[ready_line], http_result=hung)]
+                      + [trace.step(t, http_result=hung) for t in range(30, 100, 30)])
+    t_end, final = verdicts[-1]
+    assert (t_end, final.phase) == (30, "stalled")
+    assert "HTTP /health 200, /models 200, /completion timeout" in final.msg
+    assert final.evidence[0] == ("POST /v1/completions (model 'tiny'): no answer in 30 s, while GET /health "
+                                 "answered 200")
+    assert final.evidence[1:] == [ready_line]
 
 
 def test_vllm_health_503_is_a_dead_engine():

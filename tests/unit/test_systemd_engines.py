@@ -64,6 +64,7 @@ V = "(EngineCore_DP0 pid=812) INFO 11-30 04:40:00 [core.py:1] "
     ("sglang", "Received sigquit from a child proces. It usually means the child failed.", "fatal", None),
     ("sglang", "Initialization failed. warmup error: Traceback", "fatal", None),
     ("sglang", P + "Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)", "fatal", None),
+    ("sglang", "[2026-11-30 05:12:09] Rank 0 scheduler is dead. Please check if there are relevant logs.", "fatal", None),
     ("sglang", "server_args=ServerArgs(model_path='/m', tp_size=8)", "run_start", "starting"),
     ("sglang", P + "Unexpected error during packa", "other", None),
     ("sglang", 'INFO:     127.0.0.1:50312 - "GET /health HTTP/1.1" 503 Service Unavailable', "probe", None),
