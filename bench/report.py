@@ -110,6 +110,12 @@ def _pictures(results, out):
         timeline.render_png(timeline.prepare(runs[-1]), os.path.join(out, name),
                             "simulated %s, %s: the module's looks" % (scenario["engine"], scenario["scenario"]))
         made[key] = name
+    real = results.get("realvllm") or {}
+    if real.get("status") == "measured" and os.path.exists(real.get("progress", "")):
+        runs = timeline.load_runs(real["progress"])
+        timeline.render_png(timeline.prepare(runs[-1]), os.path.join(out, "timeline-real-vllm.png"),
+                            "real vLLM CPU 0.32.0 (tiny model, torch.compile warm-up): the module's looks")
+        made["real-vllm"] = "timeline-real-vllm.png"
     throughput = results.get("throughput") or {}
     if throughput.get("levels"):
         timeline.render_throughput(throughput["levels"], os.path.join(out, "throughput.png"),
@@ -166,6 +172,18 @@ def render(results, pictures):
                          ("sglang-hang-loading", "An SGLang-mode hang while loading: stalled after stall_timeout")):
         if key in pictures:
             lines += ["![%s](%s)" % (caption, pictures[key]), "", "*%s.*" % caption, ""]
+    real = results.get("realvllm") or {}
+    if real:
+        lines += ["## A real vLLM start", ""]
+        if real.get("status") == "measured":
+            lines += ["The module (`poll_interval: 1`, pid mode, the server's log file) watching the real vLLM CPU "
+                      "build start the tiny model of `tools/vllm_cpu.py` (compilation on): %s. Phases: %s." % (
+                          real["msg"], ", ".join("%s %.0f s" % (p["phase"], p["duration"]) for p in real["phases"])),
+                      ""]
+            if "real-vllm" in pictures:
+                lines += ["![A real vLLM CPU start](%s)" % pictures["real-vllm"], ""]
+        else:
+            lines += ["Not measured: %s" % real.get("why", real.get("msg")), ""]
     cost = results.get("cost")
     if cost:
         total = cost["cpu_s"] + cost["children_cpu_s"]

@@ -56,6 +56,7 @@ SCENARIOS = [
     ("hang-ready", "hang:ready", "ready line (the fault fires at once)"),
 ]
 APPROACHES = ("module", "uri", "wait_for")
+STEPS = ("scenarios", "cost", "throughput", "rerun", "fanout", "realvllm")
 
 
 def ansible_env(extra=None):
@@ -397,15 +398,65 @@ def measure_fanout(work, counts=(1, 2, 4)):
         testhosts("down", *guests, timeout=600)
 
 
+def measure_real_vllm(work):
+    """The module watching a start of the real vLLM CPU build (tools/vllm_cpu.py, its cached venv and
+    tiny model) with poll_interval 1: the README's timeline picture. Skipped when the cache lacks them."""
+    import vllm_cpu
+    base = os.path.join(work, "real-vllm")
+    os.makedirs(base, exist_ok=True)
+    model = os.path.join(vllm_cpu.cache_root(), "models", "tiny")
+    if not os.path.exists(vllm_cpu.venv_python()) or not os.path.isdir(model):
+        return {"status": "not measured", "why": "no real vLLM CPU venv and tiny model in the cache: run "
+                "python3 tools/vllm_cpu.py ensure-venv and make-model %s --tiny" % model}
+    log_path = _fresh(os.path.join(base, "engine.log"))
+    progress = _fresh(os.path.join(base, "progress.jsonl"))
+    port = simrun.free_port()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(vllm_cpu.serve_command(model, port), stdout=log, stderr=subprocess.STDOUT,
+                                env=vllm_cpu.engine_env(), cwd=base, start_new_session=True)
+    try:
+        extra = {"bench_url": "http://127.0.0.1:%d" % port, "bench_pid": proc.pid, "bench_port": port,
+                 "bench_engine": "vllm", "bench_log_path": log_path, "bench_model_path": model,
+                 "bench_progress_path": progress, "bench_module_timeout": 600, "bench_stall_timeout": 120,
+                 "bench_poll_interval": 1}
+        waiter = Waiter("module", extra, ansible_env(), os.path.join(base, "wait-module.log"))
+        waiter.join(700)
+    finally:
+        for sig in (15, 9):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=20)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    verdict = last_verdict(progress)
+    return {"status": "measured" if verdict else "failed", "progress": progress,
+            "phase": verdict["phase"] if verdict else None, "msg": verdict["msg"] if verdict else None,
+            "phases": verdict["phases"] if verdict else []}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.path.join(HERE, "out"))
-    parser.add_argument("--only", default="scenarios,cost,throughput,rerun,fanout",
-                        help="comma-separated steps: scenarios, cost, throughput, rerun, fanout (default: all)")
+    parser.add_argument("--only", default=",".join(STEPS),
+                        help="comma-separated steps: %s (default: all)" % ", ".join(STEPS))
+    parser.add_argument("--report-only", action="store_true",
+                        help="measure nothing: write report.md and its pictures again from results.json")
     parser.add_argument("--scenarios", default="",
                         help="only these engine-scenario pairs, e.g. vllm-normal,sglang-hang-loading (default: all)")
     args = parser.parse_args(argv)
+    args.out = os.path.abspath(args.out)  # the module resolves paths on the host, from elsewhere
+    if args.report_only:
+        with open(os.path.join(args.out, "results.json")) as handle:
+            report.write(json.load(handle), args.out)
+        print("bench: wrote %s" % os.path.join(args.out, "report.md"))
+        return 0
     steps = set(args.only.split(","))
+    unknown = steps - set(STEPS)
+    if unknown:
+        parser.error("--only: unknown step(s) %s; choose from %s" % (", ".join(sorted(unknown)), ", ".join(STEPS)))
     os.makedirs(args.out, exist_ok=True)
     work = os.path.join(args.out, "work")
     os.makedirs(work, exist_ok=True)
@@ -418,6 +469,11 @@ def main(argv=None):
     results["settings"] = dict(SETTINGS, sim_args=SIM_ARGS, model_mib=MODEL_MIB, model_shards=MODEL_SHARDS)
     started = time.monotonic()
     results["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    def save():
+        # After every step: a later failure keeps what was measured.
+        with open(results_path, "w") as handle:
+            json.dump(results, handle, indent=1, sort_keys=True)
+
     if "scenarios" in steps:
         results["scenarios"] = []
         for engine in ("sglang", "vllm"):
@@ -426,22 +482,19 @@ def main(argv=None):
                     continue
                 print("bench: %s %s" % (engine, name), flush=True)
                 results["scenarios"].append(run_scenario(engine, name, fault, model, work))
-    if "cost" in steps:
-        print("bench: the module's own cost", flush=True)
-        results["cost"] = measure_cost(model, work)
-    if "throughput" in steps:
-        print("bench: throughput of the simulated engine", flush=True)
-        results["throughput"] = measure_throughput(model, work)
-    if "rerun" in steps:
-        print("bench: deploy-k26.yml re-run on a ready test host", flush=True)
-        results["rerun"] = measure_rerun(work)
-    if "fanout" in steps:
-        print("bench: fan-out over 1, 2 and 4 test hosts", flush=True)
-        results["fanout"] = measure_fanout(work)
+                save()
+    for step, what, measure in (("cost", "the module's own cost", lambda: measure_cost(model, work)),
+                                ("throughput", "throughput of the simulated engine", lambda: measure_throughput(model, work)),
+                                ("rerun", "deploy-k26.yml re-run on a ready test host", lambda: measure_rerun(work)),
+                                ("fanout", "fan-out over 1, 2 and 4 test hosts", lambda: measure_fanout(work)),
+                                ("realvllm", "the module watching a real vLLM CPU start", lambda: measure_real_vllm(work))):
+        if step in steps:
+            print("bench: %s" % what, flush=True)
+            results[step] = measure()
+            save()
     results["bench_seconds"] = round(time.monotonic() - started, 1)
     results["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    with open(results_path, "w") as handle:
-        json.dump(results, handle, indent=1, sort_keys=True)
+    save()
     report.write(results, args.out)
     print("bench: wrote %s" % os.path.join(args.out, "report.md"))
     return 0

@@ -285,8 +285,18 @@ def render_png(timeline, path, title=None):
     ax_cpu.set_xlabel("seconds since the wait began")
     ax_cpu.set_xlim(0, end)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    _save(fig, path)
     plt.close(fig)
+
+
+def _save(fig, path):
+    """PNG with a 256-colour palette: a third of the bytes for flat plot colours (pictures get committed)."""
+    from PIL import Image  # matplotlib's own dependency
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=90, format="png")
+    buffer.seek(0)
+    image = Image.open(buffer).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    image.save(path, format="PNG", optimize=True)
 
 
 def _png_bytes(timeline, title):
@@ -360,7 +370,7 @@ def render_throughput(levels, path, title=None):
         ax.grid(True, alpha=0.3)
     fig.suptitle(title or "completions throughput", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    _save(fig, path)
     plt.close(fig)
 
 
