@@ -19,6 +19,7 @@ from modelwake.probe import HostProbe
 from modelwake.waiter import new_wait_state, wait_for_ready
 
 from loopback import closed_port
+from test_logs import ScriptedRunner, append
 from traces import MIB, SGLANG_PREFIX, Trace, config, http, vllm_prefix
 
 
@@ -171,11 +172,6 @@ def test_tree_counter_continues_with_its_debts_across_a_round_trip():
     assert expected[2][1] == 4096 + 8192 + 1024  # the child's 8192 counted once, the new 1024 counted
 
 
-def append(path, data):
-    with open(path, "ab") as handle:
-        handle.write(data)
-
-
 def test_file_tailer_continues_mid_line_without_a_line_lost_or_read_twice(tmp_path):
     path = str(tmp_path / "server.log")
     append(path, b"old run line\n")
@@ -217,16 +213,6 @@ def test_file_tailer_of_a_file_not_there_yet_reads_it_from_the_start_once_it_app
     second.restore(json.loads(json.dumps(first.state_dict())))
     append(path, b"hello\n")
     assert second.read_new() == ["hello"] and not second.last_read_context
-
-
-class ScriptedRunner(object):
-    def __init__(self, answers):
-        self.answers = list(answers)
-        self.calls = []
-
-    def __call__(self, argv, timeout=30):
-        self.calls.append(argv)
-        return self.answers.pop(0)
 
 
 def test_journal_reader_continues_after_its_cursor():
