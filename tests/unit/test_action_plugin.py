@@ -49,7 +49,7 @@ def test_durations(seconds, text):
     assert action.duration(seconds) == text
 
 
-@pytest.mark.parametrize("value,interval", [(None, 20), ("5", 5.0), (2.5, 2.5), (0, 0.0)])
+@pytest.mark.parametrize("value,interval", [(None, 25), ("5", 5.0), (2.5, 2.5), (0, 0.0)])
 def test_progress_interval(value, interval):
     assert action.progress_interval(value) == interval
 
