@@ -302,7 +302,7 @@ def scenarios(request, tmp_path_factory, shared_model):
     futures, contexts = {}, []
     for item in items:
         function = globals()["scenario_" + item.originalname.replace("test_", "", 1)]
-        params = dict(getattr(item, "callspec", None).params if hasattr(item, "callspec") else {})
+        params = dict(item.callspec.params) if hasattr(item, "callspec") else {}
         ctx = Scenario(str(tmp_path_factory.mktemp(item.originalname[5:25])), shared_model)
         contexts.append(ctx)
         futures[item.nodeid] = pool.submit(_run_scenario, function, ctx, params)
