@@ -68,6 +68,20 @@ options:
     type: list
     elements: str
     default: []
+  requirements:
+    description:
+      - Requirements file on the host installed in the same C(pip install) as the requirement, e.g. the
+        C(requirements.lock) of a wheelhouse that lists an exact, complete package set.
+      - Empty installs the requirement alone.
+    type: path
+    default: ""
+  no_deps:
+    description:
+      - Pass C(--no-deps): install exactly what is named (the requirement and I(requirements)), resolving nothing.
+      - For a complete lock whose packages declare dependencies deliberately left out (vLLM's CPU build
+        declares torchvision, which breaks transformers against CPU torch).
+    type: bool
+    default: false
   pip_check:
     description: Run C(pip check) after a successful install and report its lines as warnings.
     type: bool
@@ -145,6 +159,8 @@ ARGUMENT_SPEC = {
     "verify_module": {"type": "str", "default": ""},
     "verify_attribute": {"type": "str", "default": ""},
     "verify_values": {"type": "list", "elements": "str", "default": []},
+    "requirements": {"type": "path", "default": ""},
+    "no_deps": {"type": "bool", "default": False},
     "pip_check": {"type": "bool", "default": True},
 }
 
@@ -162,12 +178,15 @@ def main():
         for path in p["find_links"]:
             if not os.path.isdir(path):
                 raise PyEnvError("find_links: %s is not a directory on the host" % path)
+        if p["requirements"] and not os.path.isfile(p["requirements"]):
+            raise PyEnvError("requirements: %s is not a file on the host" % p["requirements"])
 
     def run(argv):
         return module.run_command(argv, environ_update={"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"})
 
     op = "==" if p["match"] == "exact" else ">="
     source = pip_source_args(p["find_links"], p["no_index"], p["index_url"])
+    install_args = (["--no-deps"] if p["no_deps"] else []) + (["--requirement", p["requirements"]] if p["requirements"] else [])
     constraints = None
     try:
         if p["protect"] and os.path.lexists(venv_python(p["venv"])) and not module.check_mode:
@@ -181,6 +200,7 @@ def main():
         result = install_transaction(
             run, p["venv"], p["name"], op, p["version"], source, constraints,
             p["verify_module"], p["verify_attribute"], p["verify_values"], module.check_mode, sources_ready,
+            install_args,
         )
     except InstallFailed as exc:
         module.fail_json(msg=str(exc), **exc.result)

