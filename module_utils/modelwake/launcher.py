@@ -27,7 +27,7 @@ import threading
 import time
 
 from . import engines, procfs
-from .classifier import FAILED, INITIALIZING, LOADING, NOT_STARTED, PHASES, READY, STALLED, STARTING, TERMINAL, TIMEOUT
+from .classifier import FAILED, LOADING, NOT_STARTED, PHASES, READY, STALLED, TERMINAL, TIMEOUT, Verdict
 from .config import build_config
 from .errors import ModelWakeError
 from .logs import split_records
@@ -452,6 +452,13 @@ class Launcher(object):
         if self.stop_signal is not None:
             raise StopRequested()
 
+    def _final_textfile(self, phase, msg):
+        """The last word for node_exporter when no look follows (stopped, or exited after ready)."""
+        if self.options.textfile:
+            error = write_textfile(self.options.textfile, prometheus_text(self.options.name, Verdict(phase, msg)))
+            if error:
+                self.log(error)
+
     def _stop(self, notifier):
         name = signal.Signals(self.stop_signal).name
         notifier.stopping("stopping: %s forwarded to the engine" % name)
@@ -459,6 +466,7 @@ class Launcher(object):
                  % (name, self.engine.pid, self.options.stop_timeout))
         self.engine.stop(self.options.stop_timeout, signum=self.stop_signal)
         self.log("engine stopped (%s)" % self.engine.describe_exit())
+        self._final_textfile(NOT_STARTED, "stopped")
         return 0
 
     def run(self):
@@ -540,6 +548,7 @@ class Launcher(object):
         evidence = engines.root_cause(tail) if any(engines.EXCEPTION_LINE.search(l) for l in tail) else tail[-10:]
         message = "failed: the engine exited after it was ready (%s)" % engine.describe_exit()
         notifier.status(message)
+        self._final_textfile(FAILED, message)
         self.log(message)
         for line in evidence:
             self.log("  | " + line)

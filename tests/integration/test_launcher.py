@@ -200,8 +200,9 @@ def test_a_crash_exits_non_zero_with_the_root_cause(launch):
     assert run.survivors() == []
 
 
-def test_an_exit_0_after_ready_still_ends_the_launcher_non_zero(launch):
-    run = launch(sim_args=["--fault", "crash0:ready", "--fault-after", "2"])
+def test_an_exit_0_after_ready_still_ends_the_launcher_non_zero(launch, tmp_path):
+    textfile = str(tmp_path / "sim.prom")
+    run = launch(sim_args=["--fault", "crash0:ready", "--fault-after", "2"], launcher_args=["--textfile", textfile])
     code = run.wait(90)
     err = run.stderr()
     assert code == EXIT_ENGINE_EXITED, err
@@ -209,6 +210,7 @@ def test_an_exit_0_after_ready_still_ends_the_launcher_non_zero(launch):
     assert "failed: the engine exited after it was ready (exit status 0)" in err
     assert "Rank 0 scheduler is dead" in err  # the evidence from the engine's last lines
     assert run.survivors() == []
+    assert 'modelwake_phase{unit="sim-test",phase="failed"} 1' in open(textfile).read().splitlines()
 
 
 def test_sigterm_during_the_load_leaves_no_process(launch):
