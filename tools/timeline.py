@@ -18,6 +18,7 @@ import html
 import io
 import json
 import os
+import re
 import sys
 from typing import Dict, List, Optional, Tuple
 
@@ -38,6 +39,8 @@ PHASE_COLOURS = {
     classifier.TIMEOUT: "#636363",
 }
 LABEL_CHARS = 58
+# vLLM's record head, `INFO 05-25 19:06:14 [default_loader.py:291] `: the x axis already says when.
+VLLM_RECORD = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ")
 
 
 class TimelineError(Exception):
@@ -65,6 +68,7 @@ class Marker(object):
             text = text.split("]", 1)[1].strip()
         if text.startswith("(") and ")" in text[:40]:
             text = text.split(")", 1)[1].strip()
+        text = VLLM_RECORD.sub("", text)
         return text if len(text) <= LABEL_CHARS else text[:LABEL_CHARS - 1] + "…"
 
 
