@@ -21,7 +21,7 @@ description:
   - Sends C(max_tokens)-token completions to C(url)/v1/completions with 1, 2, 4, ... requests in
     flight and reports, per level, output tokens per second and request latency percentiles.
   - Bounded in count and time per level, and only to a loopback address (run it on the server
-    itself): it is a check of a server you run, not a load test of someone else's.
+    itself). It is a check of a server you run, not a load test of someone else's.
   - Changes nothing on the host; check mode still measures (it only reads).
 version_added: "0.1.0"
 options:
@@ -34,7 +34,7 @@ options:
     type: str
     default: ""
   api_key:
-    description: Sent as C(Authorization: Bearer); never logged.
+    description: Sent as the C(Authorization) header's bearer token; never logged.
     type: str
   levels:
     description: Concurrency levels, each a positive number of requests in flight.
@@ -202,23 +202,23 @@ def measure(params, clock=time.monotonic):
     return model, levels
 
 
+ARGUMENT_SPEC = dict(
+    url=dict(type="str", required=True),
+    model=dict(type="str", default=""),
+    api_key=dict(type="str", no_log=True),
+    levels=dict(type="list", elements="int", default=[1, 2, 4, 8, 16, 32]),
+    requests_per_level=dict(type="int", default=64),
+    max_tokens=dict(type="int", default=64),
+    prompt=dict(type="str", default="Describe what a model server does while it loads its weights."),
+    level_timeout=dict(type="float", default=120),
+    request_timeout=dict(type="float", default=60),
+)
+
+
 def main():
     from ansible.module_utils.basic import AnsibleModule
 
-    module = AnsibleModule(
-        argument_spec=dict(
-            url=dict(type="str", required=True),
-            model=dict(type="str", default=""),
-            api_key=dict(type="str", no_log=True),
-            levels=dict(type="list", elements="int", default=[1, 2, 4, 8, 16, 32]),
-            requests_per_level=dict(type="int", default=64),
-            max_tokens=dict(type="int", default=64),
-            prompt=dict(type="str", default="Describe what a model server does while it loads its weights."),
-            level_timeout=dict(type="float", default=120),
-            request_timeout=dict(type="float", default=60),
-        ),
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     start = time.monotonic()
     try:
         model, levels = measure(module.params)
