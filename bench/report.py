@@ -159,7 +159,8 @@ def render(results, pictures):
                 v = a[name]
                 cells.append("%s %s s%s" % (v["said"], _num(v["delay"], "%+.1f"), " **wrong**" if v["wrong"] else ""))
             lines.append("| %s | %s | %s | %s | %s | %s |" % (
-                s["engine"], s["scenario"], _num(s["truth"], "%.1f"), " | ".join(cells),
+                s["engine"], s["scenario"], "%s (%s)" % (_num(s["truth"], "%.1f"), s["event"]) if s.get("event")
+                else _num(s["truth"], "%.1f"), " | ".join(cells),
                 _ratio(a["uri"], a["module"]), _ratio(a["wait_for"], a["module"])))
         lines += ["", "## Wrong verdicts per approach", "", "| approach | wrong | which |", "|---|---|---|"]
         for name in ("module", "uri", "wait_for"):

@@ -10,6 +10,7 @@ process group, guests with `tools/testhosts down NAME`).
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -90,7 +91,7 @@ class Waiter(object):
     def join(self, timeout):
         self.thread.join(timeout)
         if self.end is None:
-            os.killpg(self.proc.pid, 9)
+            os.killpg(self.proc.pid, signal.SIGKILL)
             self.thread.join(10)
         self.log.close()
         return self.proc.returncode
@@ -112,7 +113,7 @@ def last_verdict(progress_path):
         return None
 
 
-def run_scenario(engine, name, fault, model, work):
+def run_scenario(engine, name, fault, event, model, work):
     """One engine start with all three waits watching it at once; their verdicts and times."""
     base = os.path.join(work, "%s-%s" % (engine, name))
     os.makedirs(base, exist_ok=True)
@@ -141,7 +142,7 @@ def run_scenario(engine, name, fault, model, work):
     finally:
         sim.stop()
     verdict = last_verdict(progress)
-    result = {"engine": engine, "scenario": name, "fault": fault, "truth": truth, "approaches": {},
+    result = {"engine": engine, "scenario": name, "fault": fault, "truth": truth, "event": event, "approaches": {},
               "progress": progress}
     for w in waiters:
         if w.approach == "module":
@@ -422,7 +423,7 @@ def measure_real_vllm(work):
         waiter = Waiter("module", extra, ansible_env(), os.path.join(base, "wait-module.log"))
         waiter.join(700)
     finally:
-        for sig in (15, 9):
+        for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(proc.pid, sig)
                 proc.wait(timeout=20)
@@ -477,11 +478,11 @@ def main(argv=None):
     if "scenarios" in steps:
         results["scenarios"] = []
         for engine in ("sglang", "vllm"):
-            for name, fault, _ in SCENARIOS:
+            for name, fault, event in SCENARIOS:
                 if args.scenarios and "%s-%s" % (engine, name) not in args.scenarios.split(","):
                     continue
                 print("bench: %s %s" % (engine, name), flush=True)
-                results["scenarios"].append(run_scenario(engine, name, fault, model, work))
+                results["scenarios"].append(run_scenario(engine, name, fault, event, model, work))
                 save()
     for step, what, measure in (("cost", "the module's own cost", lambda: measure_cost(model, work)),
                                 ("throughput", "throughput of the simulated engine", lambda: measure_throughput(model, work)),
