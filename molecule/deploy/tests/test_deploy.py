@@ -57,10 +57,11 @@ def test_completion_needs_the_key_and_answers_with_it(host):
 
 
 def test_every_engine_process_lives_in_the_unit_cgroup(host):
-    # KillMode=control-group stops what is in the cgroup: the API process and all 8 TP ranks must be there.
-    pids = host.check_output("pgrep -u modelwake -f modelwake_sim").split()
-    assert len(pids) == 9
-    for pid in pids:
+    # KillMode=control-group stops what is in the cgroup: the API process, all 8 TP ranks (and the
+    # launcher, when the unit runs under it) must be there.
+    engine = host.check_output("pgrep -u modelwake -f '^/opt/modelwake/venv/bin/python -m modelwake_sim serve'").split()
+    assert len(engine) == 9
+    for pid in host.check_output("pgrep -u modelwake").split():
         assert "/system.slice/%s.service" % UNIT in host.file("/proc/%s/cgroup" % pid).content_string
 
 
