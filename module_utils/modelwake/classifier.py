@@ -100,8 +100,8 @@ class Classifier(object):
             "engine": config.engine,
             "t0": None, "t_prev": None,
             "phase": None, "phases": [],
-            "marker_phase": None, "marker_line": None, "ready_hint": False, "reset": False,
-            "shards": None, "load_t": None,
+            "marker_phase": None, "marker_line": None, "ready_hint": False,
+            "shards": None, "load_t": None, "load_read0": None, "completion_hung": False,
             "cpu_prev": None, "read_prev": None, "gpu_prev": {}, "http_prev": None,
             "status_prev": None, "pids_prev": None,
             "last_progress_t": None, "last_progress": None,
@@ -113,6 +113,12 @@ class Classifier(object):
 
     def state_dict(self):
         return copy.deepcopy(self.state)
+
+    @property
+    def completion_hung(self):
+        """The last look's completion timed out, and it was the first to, or nothing moved since
+        the one before: the next look may ask with a short timeout."""
+        return bool(self.state.get("completion_hung"))
 
     @classmethod
     def from_state(cls, config, state):
@@ -135,7 +141,7 @@ class Classifier(object):
             if kind == "run_start":
                 run_seen = True
                 st.update(tail=[], fatal=None, fatal_waited=False, shards=None, marker_phase=STARTING, marker_line=line,
-                          ready_hint=False, reset=True)
+                          ready_hint=False)
             st["tail"] = (st["tail"] + [line])[-TAIL_LINES:]
             if engines.listen_url(line):
                 st["listen_url"] = engines.listen_url(line)
@@ -222,6 +228,11 @@ class Classifier(object):
             if first or events:
                 st["last_progress_t"] = t
                 st["last_progress"] = "; ".join(events[:4]) if events else "first look"
+            # A completion that timed out once is asked again with a short timeout (the waiter's
+            # choice) while nothing else moves: a hung engine costs one full completion_timeout,
+            # not one per look. Any progress, or an answer, gives the next one its full time again.
+            timed_out = ((snap.http or {}).get("completion") or {}).get("kind") == "timeout"
+            st["completion_hung"] = timed_out and not (st.get("completion_hung") and events)
             verdict = self._verdict_for(phase, t, snap, proc, alive, cpu_rate)
         self._enter(verdict.phase, t)
         st["t_prev"] = snap.t
@@ -380,18 +391,30 @@ class Classifier(object):
             # A notify unit's launcher names the phase in its STATUS=: as good as a log marker.
             phase = _later(phase, st["status_phase"])
         reading = read_delta is not None and read_delta >= cfg.read_threshold
-        if phase == STARTING and (reading or gpu_rising):
+        if phase == STARTING and (reading or gpu_rising) and self._silent_load_possible():
             phase = LOADING  # the log is silent, the disk or the GPUs are not
-        if st["phase"] in PHASES and not st["reset"]:
-            phase = _later(phase, st["phase"])  # within one run the phases only move forward
-        st["reset"] = False
+        if st["phase"] in PHASES:
+            # The phases only move forward: a server that really restarts is a failure (a new
+            # MainPID, NRestarts up, the watched pid gone), so a late run-start line is not one.
+            phase = _later(phase, st["phase"])
+        if phase == LOADING and st["load_t"] is None:
+            st["load_t"] = t
+            # What the tree had read before loading began (imports, libraries) is not weights.
+            st["load_read0"] = None if st["read_prev"] is None else st["read_prev"] - (read_delta or 0)
         if phase == LOADING and self._load_done(t, cpu_rate):
             phase = INITIALIZING
         if http and http.get("listening"):
             phase = _later(phase, INITIALIZING)  # the port answers only after loading
-        if phase == LOADING and st["load_t"] is None:
-            st["load_t"] = t
         return phase
+
+    def _silent_load_possible(self):
+        """Whether disk reads or GPU memory may stand for loading that the log does not announce."""
+        st = self.state
+        if not (self.config.unit or self.config.log_path):
+            return True  # no log: only the disk and the GPUs can tell
+        # Before the engine's first line of this run, its processes import Python and set up
+        # CUDA (busy CPU, reads from a cold page cache): that is starting, not loading.
+        return st["marker_phase"] is not None and st["engine"] not in engines.LOGS_LOAD_START
 
     def _load_done(self, t, cpu_rate):
         st = self.state
@@ -400,7 +423,10 @@ class Classifier(object):
         if shards and shards[0] >= shards[1] > 0:
             return True
         rbytes = st["read_prev"]
-        if cfg.expected_bytes and rbytes is not None and rbytes >= cfg.expected_bytes:
+        # The model's size read since loading began, and loading shown for a look at least: the
+        # reads of the look it began in can still be imports, larger than a small model.
+        if (cfg.expected_bytes and rbytes is not None and st.get("load_read0") is not None
+                and st["phase"] == LOADING and rbytes - st["load_read0"] >= cfg.expected_bytes):
             return True
         # Reading from disk happened and stopped a while ago, and the CPU still works: the
         # silent CPU-bound initialisation (kernel JIT, graph capture) has begun.

@@ -54,6 +54,12 @@ MARKERS = {
     ],
 }
 
+# Engines whose log always says when reading the weights begins: vLLM's worker logs `Starting to
+# load model` first. With their log followed, disk reads and GPU memory before that line are the
+# imports of the engine's processes and CUDA set-up (a cold page cache reads hundreds of MB for
+# torch alone: more than a small model), not loading. SGLang may load silently (the K2.6 story).
+LOGS_LOAD_START = ("vllm",)
+
 # Lines that mean the start has failed, whatever else is seen.
 FATAL = {
     "sglang": [

@@ -58,6 +58,38 @@ def test_vllm_cpu_start_17_s_silence_after_loading_is_not_stalled():
     assert verdicts[-1][1].phase == "ready"
 
 
+@pytest.mark.parametrize("engine,log_path,first_lines,phase", [
+    # A followed log still without the run's first line: the reads are imports, the CPU too.
+    ("auto", "/var/log/engine.log", [], "starting"),
+    # vLLM logs `Starting to load model` before it reads a weight: reads before it are not loading.
+    ("vllm", "/var/log/engine.log", [vllm_prefix("APIServer", 100) + "non-default args: {'model': '/m'}"], "starting"),
+    # SGLang may load silently after its first lines (the K2.6 story): the reads are loading.
+    ("sglang", "/var/log/engine.log", ["server_args=ServerArgs(model_path='/m')"], "loading"),
+    # No log to follow: only the disk can tell.
+    ("auto", None, [], "loading"),
+])
+def test_busy_cpu_and_reads_before_any_load_marker(engine, log_path, first_lines, phase):
+    trace = Trace()
+    verdicts = replay(config(engine=engine, log_path=log_path, expected_bytes=2 * MIB), [
+        trace.step(0, lines=first_lines),
+        trace.step(5, cpu=1.0, read=3 * MIB),
+        trace.step(10, cpu=1.0, read=3 * MIB),
+    ])
+    assert [v.phase for _t, v in verdicts[1:]] == [phase, "initializing" if phase == "loading" else phase]
+
+
+def test_phases_never_go_backwards_on_a_late_run_start_line():
+    trace = Trace()
+    api = vllm_prefix("APIServer", 100)
+    verdicts = replay(config(engine="vllm", log_path="/var/log/engine.log"), [
+        trace.step(0, lines=[vllm_prefix("Worker", 300) + "Starting to load model /m..."]),
+        trace.step(5, cpu=1.0, lines=[vllm_prefix("Worker", 300) + "Loading weights took 1.0 seconds"]),
+        trace.step(10, cpu=1.0, lines=[api + "vLLM API server version 0.32.0", api + "non-default args: {}"]),
+        trace.step(15, cpu=1.0),
+    ])
+    assert [v.phase for _t, v in verdicts] == ["loading", "initializing", "initializing", "initializing"]
+
+
 def test_auto_engine_treats_sglang_startup_complete_as_warmup_not_ready():
     cfg = config(engine="auto")
     trace = Trace()

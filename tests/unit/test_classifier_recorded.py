@@ -13,7 +13,7 @@ from modelwake import logs, procfs
 from modelwake.classifier import Classifier
 from modelwake.snapshot import Snapshot
 
-from traces import config, http
+from traces import config, http, phases_seen
 
 TRACES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "traces")
 
@@ -56,11 +56,18 @@ def recorded(case):
         yield Snapshot(t=row["t"], process=last_process, log_lines=lines, http=http_now)
 
 
-def run(case, **overrides):
-    cfg = config(engine="auto", **overrides)
+def module_recorded(name):
+    """Snapshots the module itself took on a real host (its progress_path file, verdicts dropped)."""
+    with open(os.path.join(TRACES, name)) as handle:
+        for line in handle:
+            yield Snapshot.from_dict(json.loads(line))
+
+
+def run(case, snapshots=None, **overrides):
+    cfg = config(**dict({"engine": "auto"}, **overrides))
     classifier = Classifier(cfg)
     verdicts = []
-    for snap in recorded(case):
+    for snap in snapshots if snapshots is not None else recorded(case):
         verdict = classifier.observe(snap)
         verdicts.append((snap.t, verdict))
         if verdict.terminal or verdict.phase == "ready":
@@ -79,6 +86,38 @@ def test_real_start_with_19_s_of_silent_compilation_is_never_stalled():
     silent = [v for t, v in verdicts if 26 <= t <= 44]
     assert silent and all(v.phase == "initializing" for v in silent)
     assert any("CPU" in v.last_progress["what"] for v in silent)
+
+
+# The tiny model's weights (tools/vllm_cpu.py make-model --tiny): what model_path gives expected_bytes.
+TINY_WEIGHTS = 1520272
+
+
+@pytest.mark.parametrize("followed_log", [False, True])
+def test_real_start_phases_follow_its_log_exactly(followed_log):
+    # The log shows `Starting to load model` (24 s), the shard bar and `Loading weights took` (25 s)
+    # and reads of 144 MiB then: loading is justified; before it only imports, after it compilation.
+    extra = {"log_path": "/var/log/vllm.log"} if followed_log else {}
+    verdicts = run("start", stall_timeout=10, expected_bytes=TINY_WEIGHTS, **extra)
+    assert phases_seen(verdicts) == ["starting", "loading", "initializing", "ready"]
+    starts = dict((p["phase"], p["start"]) for p in verdicts[-1][1].phases)
+    assert starts == {"starting": 0.0, "loading": 24.0, "initializing": 25.0, "ready": 46.1}
+
+
+def test_real_cold_start_imports_are_starting_and_phases_never_go_backwards():
+    # The module's own looks (poll 1 s, pid, log file, model_path of the 1.5 MB tiny model) at a
+    # real start on a loaded machine with a cold page cache: 12 s of imports reading 400 MB before
+    # the first engine line, the EngineCore's and Worker's imports later, `Starting to load model`
+    # at +46 s, the shard bar at +47 s. It once said starting, initializing, starting, initializing.
+    verdicts = run(None, module_recorded("vllm-start-module.jsonl"), engine="vllm", pid=8847,
+                   log_path="/var/log/vllm.log", expected_bytes=TINY_WEIGHTS, poll_interval=1,
+                   stall_timeout=120, timeout=600)
+    final = verdicts[-1][1]
+    assert final.phase == "ready"
+    assert [(p["phase"], p["start"]) for p in final.phases] == [
+        ("starting", 0.0), ("loading", 46.3), ("initializing", 47.4), ("ready", 73.7)]
+    busy_imports = [v for t, v in verdicts if t < 12]
+    assert all(v.phase == "starting" for v in busy_imports)
+    assert any("read_bytes" in v.last_progress["what"] for v in busy_imports)
 
 
 def test_real_truncated_shard_fails_with_the_safetensor_error_first():
