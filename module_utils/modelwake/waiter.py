@@ -19,6 +19,11 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
                    state=None, slice_seconds=None):
     """Poll `probe.snapshot(t, remaining)` every poll_interval seconds; return the result dict.
 
+    Looks start every poll_interval, start to start: a look that takes time (HTTP probes, a
+    hung completion) does not push the next one later; one that ran past the next due time is
+    followed at once. So a change is seen at most one poll_interval after it happened, unless a
+    look itself overran.
+
     timeout 0 means: look once and report the current phase; that never counts as a failure.
     The result holds the last verdict's fields plus `elapsed` (whole seconds) and `failed`.
 
@@ -42,7 +47,8 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
     if state["next_look"] is not None:
         sleep(max(0.0, state["next_look"] - clock()))
     while True:
-        t = clock() - start
+        look_start = clock()
+        t = look_start - start
         remaining = None if look_once else max(0.0, config.timeout - t)
         snap = probe.snapshot(t, remaining)
         verdict = classifier.observe(snap)
@@ -55,7 +61,8 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
         state["done"] = bool(look_once or verdict.terminal or verdict.phase == READY)
         if state["done"]:
             break
-        pause = max(0.0, min(config.poll_interval, start + config.timeout - clock()))
+        next_look = min(look_start + config.poll_interval, start + config.timeout)
+        pause = max(0.0, next_look - clock())
         if slice_end is not None and clock() + pause > slice_end:
             state["next_look"] = clock() + pause
             break

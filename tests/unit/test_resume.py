@@ -41,11 +41,15 @@ class FakeClock(object):
 class StoryProbe(object):
     """The host: answers snapshot(t) from a story; it lives on across slices, like the server."""
 
-    def __init__(self, story):
+    def __init__(self, story, clock=None, cost=0.0):
         self.story = story
         self.trace = Trace(pids=(100, 200, 300), gpus=2)
+        self.clock = clock
+        self.cost = cost  # seconds each look takes
 
     def snapshot(self, t, remaining=None):
+        if self.clock is not None:
+            self.clock.now += self.cost
         return self.story(self.trace, t)
 
 
@@ -89,18 +93,18 @@ STORIES = [
 ]
 
 
-def continuous(story, cfg):
+def continuous(story, cfg, cost=0.0):
     clock = FakeClock()
     looks = []
-    result = wait_for_ready(cfg, StoryProbe(story), clock=clock, sleep=clock.sleep,
+    result = wait_for_ready(cfg, StoryProbe(story, clock, cost), clock=clock, sleep=clock.sleep,
                             on_snapshot=lambda snap, verdict: looks.append((snap.t, verdict.to_dict())))
     return result, looks
 
 
-def sliced(story, cfg, slice_seconds, overhead=1.25):
+def sliced(story, cfg, slice_seconds, overhead=1.25, cost=0.0):
     """As the action plugin drives it: slices, the state through JSON, the call's overhead."""
     clock = FakeClock()
-    probe = StoryProbe(story)
+    probe = StoryProbe(story, clock, cost)
     looks, slices, state = [], [], None
     while True:
         clock.now += overhead  # starting the module (again)
@@ -126,6 +130,25 @@ def test_a_wait_in_slices_sees_what_one_continuous_wait_sees(tmp_path, name, sto
     assert len(slices) >= 3
     for began, ended, partial in slices[:-1]:
         assert ended - began <= 30 and partial["failed"] is False and partial["phase"] not in ("ready", verdict)
+
+
+def test_looks_that_take_time_start_every_poll_interval_in_slices_as_in_one_wait():
+    # Start to start: looks of 1.5 s keep the 5 s rhythm, across slices too.
+    cfg = config(engine="sglang", poll_interval=5)
+    one, one_looks = continuous(sglang_start, cfg, cost=1.5)
+    result, looks, slices = sliced(sglang_start, cfg, 30, cost=1.5)
+    assert looks == one_looks and result == one and len(slices) >= 3
+    assert [t for t, _v in looks][:8] == [0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 35.0]
+
+
+def test_a_look_that_overran_is_followed_at_once_within_a_slice_and_after_the_next_call_starts():
+    cfg = config(engine="sglang", poll_interval=5)
+    _one, one_looks = continuous(sglang_start, cfg, cost=6.25)
+    assert [t for t, _v in one_looks][:4] == [0.0, 6.25, 12.5, 18.75]
+    _result, looks, slices = sliced(sglang_start, cfg, 30, cost=6.25, overhead=1.25)
+    gaps = set(b - a for (a, _v), (b, _w) in zip(looks, looks[1:]))
+    assert gaps == {6.25, 7.5}  # 7.5: the module's own start (1.25 s) between two slices
+    assert len(slices) >= 3
 
 
 def test_slices_hold_the_phases_and_elapsed_of_the_wait_so_far():

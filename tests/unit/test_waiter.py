@@ -1,6 +1,8 @@
 """The polling core with a fake clock and sleep: a 20-minute start replayed in milliseconds."""
 import json
 
+import pytest
+
 from modelwake.waiter import wait_for_ready
 
 from traces import MIB, Trace, config, http, vllm_prefix
@@ -75,11 +77,33 @@ def test_deadline_not_a_counter_a_slow_probe_eats_into_it():
     probe = ReplayProbe(clock, lambda trace, t: trace.step(t, cpu=1.0), cost=7.0)
     result = wait_for_ready(config(engine="vllm", timeout=100, poll_interval=30), probe, clock=clock, sleep=clock.sleep)
     assert result["phase"] == "timeout" and result["failed"] is True
-    # Looks at 0, 37, 74 and the last one when the deadline came: never past it by a poll interval.
-    assert [t for t, _r in probe.looks] == [0.0, 37.0, 74.0, 100.0]
-    assert clock.sleeps == [30, 30, 19.0]
+    # Looks start every 30 s (start to start, each takes 7 s) and the last one when the deadline came.
+    assert [t for t, _r in probe.looks] == [0.0, 30.0, 60.0, 90.0, 100.0]
+    assert clock.sleeps == [23.0, 23.0, 23.0, 3.0]
     assert result["elapsed"] == 107
     assert result["msg"].startswith("timeout: not ready after 100 s; in phase starting since +0 s")
+
+
+@pytest.mark.parametrize("costs,looks,sleeps", [
+    # Each look takes 2 s: the next still starts 5 s after the previous one started.
+    ([2.0], [0.0, 5.0, 10.0, 15.0, 20.0], [3.0, 3.0, 3.0, 3.0]),
+    # A look that overran (a hung completion of 12 s) is followed at once, then the rhythm resumes.
+    ([0.5, 12.0, 0.5], [0.0, 5.0, 17.0, 22.0], [4.5, 0.0, 4.5]),
+])
+def test_looks_start_every_poll_interval_however_long_a_look_takes(costs, looks, sleeps):
+    clock = FakeClock()
+    plan = list(costs)
+
+    def story(trace, t):
+        clock.now += plan.pop(0) if len(plan) > 1 else plan[0]  # the last cost repeats
+        return trace.step(t, cpu=1.0)
+
+    probe = ReplayProbe(clock, story)
+    result = wait_for_ready(config(engine="vllm", timeout=40, poll_interval=5), probe,
+                            clock=clock, sleep=clock.sleep)
+    assert [t for t, _r in probe.looks][:len(looks)] == looks
+    assert clock.sleeps[:len(sleeps)] == sleeps
+    assert result["phase"] == "timeout"
 
 
 def test_hang_fails_as_stalled_before_the_deadline():
