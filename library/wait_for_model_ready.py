@@ -82,9 +82,25 @@ options:
     default: 600
   poll_interval:
     description:
-      - Seconds between two looks.
+      - Seconds between the starts of two looks. A look that takes longer (a hung completion) is
+        followed at once.
     type: float
     default: 5
+  completion_timeout:
+    description:
+      - Seconds one look waits for the completion of I(ready_check=completion) (and at most for
+        C(/health) and C(/v1/models), 5 s). Must be greater than 0.
+      - After a completion timed out, the following looks wait at most I(poll_interval) for it while
+        the server shows no other progress; any progress, or an answer, gives the next one the full
+        I(completion_timeout) again. So a slow but working server still gets full attempts, and a
+        hung one costs a single full attempt.
+      - Bounds, from the event to the verdict - ready at the end of the first look whose completion
+        answers, which starts at most one I(poll_interval) after the server can answer; a crash at
+        most one I(poll_interval) after the exit; a hang never before I(stall_timeout) after the last
+        progress seen and at most I(stall_timeout) + 2 x I(poll_interval) after it began, plus, when
+        the completion itself hangs, at most I(completion_timeout) more (the one full attempt).
+    type: int
+    default: 30
   model_path:
     description:
       - The model's directory on the host. The size of its weight files gives the loading
@@ -255,6 +271,7 @@ ARGUMENT_SPEC = dict(
     timeout=dict(type="int", default=3600),
     stall_timeout=dict(type="int", default=600),
     poll_interval=dict(type="float", default=5),
+    completion_timeout=dict(type="int", default=30),
     model_path=dict(type="path"),
     expected_bytes=dict(type="int"),
     gpus=dict(type="list", elements="int"),

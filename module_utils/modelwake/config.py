@@ -125,6 +125,7 @@ def build_config(params, proc_root="/proc", resuming=False):
         expected_bytes=_number(params, "expected_bytes", 0),
         gpus=params.get("gpus"),
         progress_path=params.get("progress_path"),
+        completion_timeout=_number(params, "completion_timeout", 0, strict=True) or 30,
     )
     if config.engine not in ENGINES:
         raise InputError("engine", "must be one of %s, got %r" % (", ".join(ENGINES), config.engine))

@@ -75,6 +75,7 @@ class HostProbe(object):
         return self.config.pid, procfs.tree([self.config.pid], self.proc_root)
 
     def snapshot(self, t, remaining=None):
+        """One look. remaining: the most seconds its HTTP probes may take (None: completion_timeout)."""
         cfg = self.config
         errors = []
         unit = None

@@ -19,6 +19,9 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
                    state=None, slice_seconds=None):
     """Poll `probe.snapshot(t, remaining)` every poll_interval seconds; return the result dict.
 
+    `remaining` is the most seconds the look's HTTP probes may take: the time left before the
+    deadline, and at most poll_interval after a completion timed out while nothing else moved.
+
     Looks start every poll_interval, start to start: a look that takes time (HTTP probes, a
     hung completion) does not push the next one later; one that ran past the next due time is
     followed at once. So a change is seen at most one poll_interval after it happened, unless a
@@ -50,6 +53,11 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
         look_start = clock()
         t = look_start - start
         remaining = None if look_once else max(0.0, config.timeout - t)
+        if classifier.completion_hung:
+            # The completion timed out and nothing moved since: ask again, but wait no longer
+            # than a poll for it, so a hung engine is declared stalled on time (README: bounds).
+            short = min(config.completion_timeout, config.poll_interval)
+            remaining = short if remaining is None else min(remaining, short)
         snap = probe.snapshot(t, remaining)
         verdict = classifier.observe(snap)
         # Signals that could not be read (journal access, systemctl, a GPU driver): said once.

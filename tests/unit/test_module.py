@@ -12,7 +12,7 @@ from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
 import wait_for_model_ready as module
-from modelwake.config import WaitConfig
+from modelwake.config import WaitConfig, build_config
 
 
 class AnsibleExitJson(Exception):
@@ -84,6 +84,8 @@ SECRET = "sk-module-test-7d1e"
     ({"stall_timeout": -5}, "stall_timeout"),
     ({"poll_interval": 0}, "poll_interval"),
     ({"poll_interval": -1.5}, "poll_interval"),
+    ({"completion_timeout": 0}, "completion_timeout"),
+    ({"completion_timeout": -30}, "completion_timeout"),
     ({"pid": 0}, "pid"),
     ({"pid": 2 ** 22 + 11}, "pid"),
     ({"expected_bytes": -1}, "expected_bytes"),
@@ -111,6 +113,12 @@ def test_bad_input_fails_at_once_naming_the_field(server, args, field):
 ])
 def test_which_urls_let_the_port_owner_be_checked(url, local):
     assert WaitConfig(url=url, pid=1).url_is_local() is local
+
+
+@pytest.mark.parametrize("given,used", [({}, 30), ({"completion_timeout": 7}, 7)])
+def test_completion_timeout_reaches_the_wait(server, given, used):
+    pid, url = server
+    assert build_config(dict({"url": url, "pid": pid}, **given)).completion_timeout == used
 
 
 def test_model_path_without_weights(server, tmp_path):

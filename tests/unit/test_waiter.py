@@ -106,6 +106,52 @@ def test_looks_start_every_poll_interval_however_long_a_look_takes(costs, looks,
     assert result["phase"] == "timeout"
 
 
+class HungCompletionProbe(object):
+    """A server that listens from `hang_t` on, /health 200, while its completion hangs: each look
+    lasts as long as HostProbe would wait for the completion (the budget the waiter hands it)."""
+
+    def __init__(self, clock, cfg, hang_t, busy):
+        self.clock, self.cfg, self.hang_t, self.busy = clock, cfg, hang_t, busy
+        self.trace = Trace(pids=(100, 200, 300))
+        self.budgets = []
+
+    def snapshot(self, t, remaining=None):
+        if t < self.hang_t:
+            return self.trace.step(t, cpu=1.0, lines=[vllm_prefix("Worker", 300) + "Starting to load model /m..."]
+                                   if t == 0 else [])
+        budget = self.cfg.completion_timeout if remaining is None else min(self.cfg.completion_timeout, remaining)
+        self.budgets.append(budget)
+        self.clock.now += budget
+        return self.trace.step(t, cpu=1.0 if self.busy else 0.0,
+                               http_result=http(200, models=200, completion="timeout", model="m"))
+
+
+@pytest.mark.parametrize("stall,poll,completion,verdict_at", [
+    (10, 1, 30, 51),  # the bench's hang after ready: stalled at +31 s, not +63 s
+    (10, 1, 3, 31),
+    (600, 5, 30, 625),  # the defaults
+])
+def test_a_hung_completion_costs_one_full_timeout_then_the_stall_comes_on_time(stall, poll, completion, verdict_at):
+    clock = FakeClock()
+    cfg = config(engine="vllm", timeout=3600, stall_timeout=stall, poll_interval=poll, completion_timeout=completion)
+    probe = HungCompletionProbe(clock, cfg, hang_t=20, busy=False)
+    result = wait_for_ready(cfg, probe, clock=clock, sleep=clock.sleep)
+    assert result["phase"] == "stalled" and result["elapsed"] == verdict_at
+    assert verdict_at <= 20 + stall + 2 * poll + completion  # the documented bound
+    assert probe.budgets[0] == completion and set(probe.budgets[1:]) == {min(completion, poll)}
+    assert result["evidence"][0].startswith("POST /v1/completions (model 'm'): timeout")
+
+
+def test_a_busy_server_whose_completion_is_slow_still_gets_full_attempts():
+    clock = FakeClock()
+    cfg = config(engine="vllm", timeout=200, stall_timeout=60, poll_interval=5, completion_timeout=30)
+    probe = HungCompletionProbe(clock, cfg, hang_t=20, busy=True)
+    result = wait_for_ready(cfg, probe, clock=clock, sleep=clock.sleep)
+    assert result["phase"] == "timeout"  # never stalled: the CPU works
+    # A timed-out attempt is followed by a short one; the CPU seen then gives the next its full time.
+    assert probe.budgets[:6] == [30, 5, 30, 5, 30, 5]
+
+
 def test_hang_fails_as_stalled_before_the_deadline():
     clock = FakeClock()
 
