@@ -443,6 +443,9 @@ class Launcher(object):
             return
         self.stop_signal = signum
         if self.engine is not None:
+            # Forward at once: a look in flight (an HTTP probe can take seconds) must not delay
+            # the engine's own clean shutdown; _stop escalates to SIGKILL after the grace.
+            self.engine.signal_group(signum)
             self.engine.wake.set()
 
     def _sleep(self, seconds):
