@@ -438,7 +438,10 @@ class Classifier(object):
         st = self.state
         cfg = self.config
         http = snap.http or {}
-        if http.get("ready") and alive:
+        # A Type=notify unit is ready for systemd (and units ordered After= it) only once its
+        # launcher sent READY=1; until then `ready` here would run ahead of `systemctl start`.
+        awaiting_notify = self._awaiting_ready_notification(snap.unit)
+        if http.get("ready") and alive and not awaiting_notify:
             return Verdict(READY, "ready after %s: %s" % (self._secs(t), self._ready_reason(http)),
                            evidence=[st["marker_line"]] if st["marker_line"] else [], terminal=False)
         quiet = t - st["last_progress_t"]
@@ -454,9 +457,16 @@ class Classifier(object):
                               self._secs(quiet), st["last_progress"], self._picture(snap, proc, cpu_rate), notes),
                            evidence=self._hang_evidence(http), terminal=True)
         msg = "%s since +%s: %s" % (phase, self._secs(self._phase_start(phase, t)), self._picture(snap, proc, cpu_rate))
+        if http.get("ready") and awaiting_notify:
+            msg += "; the completion answers, the unit waits for its launcher's READY=1"
         if st["ready_hint"]:
             msg += "; the engine logged that it is ready but the %s check does not pass yet" % cfg.ready_check
         return Verdict(phase, msg + notes, evidence=[st["marker_line"]] if st["marker_line"] else [])
+
+    @staticmethod
+    def _awaiting_ready_notification(unit):
+        unit = unit or {}
+        return unit.get("Type") == "notify" and unit.get("ActiveState") == "activating"
 
     def _http_notes(self, http):
         """Why the HTTP answers cannot pass, when the reason is plain: a wrong port, a missing key."""

@@ -14,7 +14,7 @@ from modelwake.probe import HostProbe
 
 from loopback import closed_port
 from test_probe import fake_nvml  # noqa: F401 (pytest fixture)
-from traces import config, replay, Trace
+from traces import config, http, replay, Trace
 
 UNIT = "sglang-k26.service"
 
@@ -129,3 +129,27 @@ def test_the_probe_counts_the_engine_under_the_launcher_not_the_launcher(fake_nv
     finally:
         launcher.stdin.close()
         launcher.wait()
+
+
+def test_a_notify_unit_is_ready_only_once_systemd_has_its_ready_notification():
+    """The completion may answer a look before the launcher's own look sends READY=1: ready
+    must not run ahead of `systemctl start` and of the units ordered After= the model."""
+    trace = Trace(pids=(100, 101))
+    cfg = config(unit=UNIT, engine="sglang", stall_timeout=600, poll_interval=5)
+    answering = http(health=200, models=200, completion=200, ready=True, model="m")
+    snaps = [trace.step(0, cpu=1.0, unit=notify_unit("initializing: warm-up")),
+             trace.step(5, cpu=1.0, http_result=answering, unit=notify_unit("initializing: warm-up")),
+             trace.step(10, cpu=1.0, http_result=answering,
+                        unit=notify_unit("ready in 9s", active="active", sub="running"))]
+    verdicts = replay(cfg, snaps)
+    assert [v.phase for _t, v in verdicts] == ["initializing", "initializing", "ready"]
+    assert "waits for its launcher's READY=1" in verdicts[1][1].msg
+
+
+def test_a_plain_unit_is_ready_as_soon_as_the_completion_answers():
+    trace = Trace(pids=(100, 101))
+    cfg = config(unit=UNIT, engine="sglang", stall_timeout=600, poll_interval=5)
+    unit = dict(notify_unit(""), Type="simple", ActiveState="active", SubState="running")
+    answering = http(health=200, models=200, completion=200, ready=True, model="m")
+    verdicts = replay(cfg, [trace.step(0, cpu=1.0, http_result=answering, unit=unit)])
+    assert verdicts[0][1].phase == "ready"
