@@ -37,7 +37,8 @@ import vllm_cpu  # noqa: E402  (needs tools/ on sys.path)
 TESTHOSTS = os.path.join(ROOT, "tools", "testhosts")
 BIN = os.path.join(ROOT, ".venv", "bin")
 INVENTORY = os.path.join(ROOT, "inventories", "vllm-cpu")
-GUEST = "mwv-deploy"
+# Per session: two pytest sessions (a developer's and a full `make integration`) never share a guest.
+GUEST = "mwv-%d" % (os.getpid() % 100000)
 HOST = "vllm-cpu"  # the inventory's host name
 UNIT = "vllm-tiny"
 PORT = 8011
@@ -62,6 +63,13 @@ pytestmark = [
 ]
 
 TIMINGS = {}
+VERDICTS = {}  # case -> the module's message, printed with the timings (README: the fault matrix)
+
+
+def verdict_msg(output):
+    """The failed wait's message in a play's output (the YAML result's msg)."""
+    match = re.search(r"^\s+msg: '?((failed|stalled)[^\n]*)", output, re.M)
+    return match.group(1)[:300] if match else None
 
 
 def timed(label):
@@ -221,6 +229,7 @@ def guest(tmp_path_factory):
     finally:
         host_tool("down", GUEST, check=False)
         print("\nvLLM deploy and fault matrix, measured (s): %s" % json.dumps(TIMINGS, indent=1))
+        print("verdicts: %s" % json.dumps(VERDICTS, indent=1))
 
 
 # --- the real engine ----------------------------------------------------------------------------
@@ -231,7 +240,10 @@ def test_first_deploy_installs_offline_and_answers(guest):
     assert "engine vllm: absent -> 0.32.0" in flat, flat[-4000:]
     seconds, phases = report(out)
     # The module saw a real start: the server's own phases, in order, before the completion answered.
-    assert phases[0] in ("not_started", "starting") and phases[-1] == "ready" and len(phases) >= 3, phases
+    # (With a 1.5 MB model the imports' disk reads alone can make the first phase "loading".)
+    order = ["not_started", "starting", "loading", "initializing", "ready"]
+    assert phases[-1] == "ready" and len(phases) >= 2, phases
+    assert [order.index(phase) for phase in phases] == sorted(set(order.index(phase) for phase in phases)), phases
     assert seconds > 5
     smoke = re.search(r'"2\+2=" -> "([^"]*)" in (\d+) ms', flat)
     assert smoke and smoke.group(1), flat[-3000:]
@@ -252,9 +264,11 @@ def test_worked_example_phase_timeline_next_to_the_log(guest):
     until("the new invocation", lambda: unit_state()["InvocationID"] != before["InvocationID"], timeout=60)
     with timed("worked example: restart to ready"):
         result = guest.wait(**vllm_wait())
+    print("\nphases (module): " + json.dumps(result["phases"]))
+    print("msg: %s | bytes_read: %s" % (result["msg"], result.get("bytes_read")))
     assert result["phase"] == "ready", result
     names = [p["phase"] for p in result["phases"]]
-    assert names[-1] == "ready" and "starting" in names, names
+    assert names[-1] == "ready" and len(names) >= 2, names
     # This invocation's lines only, timed from its ExecMainStart (the guest shares the host's monotonic clock).
     state = unit_state()
     start = int(on_guest("systemctl show %s -p ExecMainStartTimestampMonotonic --value" % UNIT)) / 1e6
@@ -264,11 +278,9 @@ def test_worked_example_phase_timeline_next_to_the_log(guest):
         match = re.match(r"^\[\s*([\d.]+)\] \S+ \S+: (.*)$", line)
         if match and "Route:" not in line:
             lines.append("%6.1f  %s" % (float(match.group(1)) - start, match.group(2)[:160]))
+    print("journal (s since ExecMainStart):\n" + "\n".join(lines))
     assert any("Starting to load model" in line for line in lines), "\n".join(lines[-40:])
     assert any("Application startup complete" in line for line in lines)
-    print("\nphases (module): " + json.dumps(result["phases"]))
-    print("msg: %s | bytes_read: %s" % (result["msg"], result.get("bytes_read")))
-    print("journal (s since ExecMainStart):\n" + "\n".join(lines))
 
 
 def test_worker_killed_after_ready_exits_0_and_the_unit_comes_back(guest):
@@ -282,6 +294,7 @@ def test_worker_killed_after_ready_exits_0_and_the_unit_comes_back(guest):
         look = guest.wait(**vllm_wait(timeout=0))
         until("NRestarts up", lambda: int(unit_state()["NRestarts"]) > int(before["NRestarts"]), timeout=120)
         back = guest.wait(**vllm_wait())
+    VERDICTS["kill -9 worker, one look"] = look["msg"]
     assert look["phase"] == "failed", look
     assert re.search(r"restart|exited|fatal error", look["msg"]), look
     journal = on_guest("journalctl -u %s --no-pager -n 400" % UNIT)
@@ -302,6 +315,7 @@ def test_worker_stopped_after_ready_is_stalled_while_health_says_200(guest):
         assert health() == "200"
     finally:
         on_guest("kill -CONT %s" % pid, check=False)
+    VERDICTS["SIGSTOP after ready"] = after["msg"]
     assert after["phase"] == "stalled", after
     assert "state T (stopped)" in after["msg"], after
     assert STALL <= after["elapsed"] < STALL + 60, after
@@ -314,6 +328,7 @@ def test_worker_stopped_during_start_is_stalled_then_a_reboot_brings_it_back(gue
     on_guest("kill -STOP %s" % pid)
     with timed("SIGSTOP worker during start -> stalled (stall_timeout %d)" % STALL):
         during = guest.wait(**vllm_wait(stall_timeout=STALL))
+    VERDICTS["SIGSTOP during start"] = during["msg"]
     assert during["phase"] == "stalled", during
     assert "state T (stopped)" in during["msg"], during
     assert STALL <= during["elapsed"] < STALL + 60, during
@@ -323,12 +338,18 @@ def test_worker_stopped_during_start_is_stalled_then_a_reboot_brings_it_back(gue
     with timed("reboot mid-load -> re-run converges (changed=0) and waits until ready"):
         host_tool("reboot", GUEST)
         # Enabled: systemd starts it at boot, without Ansible.
-        assert unit_state()["ActiveState"] in ("active", "activating")
+        booted = unit_state()
+        assert booted["ActiveState"] in ("active", "activating")
         rc, out = guest.deploy()
     assert rc == 0, out[-4000:]
     assert recap(out)["changed"] == 0, out[-4000:]
-    seconds, phases = report(out)
-    assert seconds > 0 and phases != ["ready"], out[-3000:]
+    assert report(out)[1][-1] == "ready"
+    # The run waited for the boot's own start (no restart by Ansible), which the launcher saw through.
+    assert unit_state()["InvocationID"] == booted["InvocationID"]
+    journal = on_guest("journalctl -b -u %s --no-pager" % UNIT)
+    assert "modelwake: ready in" in journal, journal[-3000:]
+    # (The tiny model can be ready before the play's earlier tasks end: then the wait reports "ready" at once.)
+    TIMINGS["reboot: phases the re-run's wait saw"] = " -> ".join(report(out)[1])
 
 
 def test_truncated_shard_fails_with_the_safetensor_error(guest):
@@ -339,6 +360,7 @@ def test_truncated_shard_fails_with_the_safetensor_error(guest):
         rc, out = guest.deploy({"model_service_model_path": broken})
     assert rc == 2, out[-4000:]
     failed = out[out.index("Wait for the restarted model service to be ready"):]
+    VERDICTS["truncated shard"] = verdict_msg(failed)
     assert "phase: failed" in failed, failed[-4000:]
     assert "SafetensorError" in failed and "incomplete metadata" in failed, failed[-4000:]
     elapsed = int(re.search(r"^\s+elapsed: (\d+)", failed, re.M).group(1))
@@ -369,6 +391,7 @@ def test_missing_config_fails_clearly_and_changes_nothing(guest):
                                             model_path=broken, model=broken))
     finally:
         on_guest("systemctl stop vllm-noconfig; systemctl reset-failed vllm-noconfig", check=False)
+    VERDICTS["config.json missing, engine started on it"] = result["msg"]
     assert result["phase"] == "failed", result
     assert any("Invalid repository ID or local directory" in line for line in result["evidence"]), result
 
@@ -384,6 +407,7 @@ def test_port_taken_by_another_process_fails(guest):
     finally:
         on_guest("systemctl stop port-squatter", check=False)
     assert rc == 2, out[-4000:]
+    VERDICTS["port taken"] = verdict_msg(out)
     flat = " ".join(out.split())
     assert "phase: failed" in flat, flat[-4000:]
     assert re.search(r"port %d is held by another process \(pid \d+, python3\)|Address already in use" % PORT,
@@ -411,7 +435,8 @@ def sim_deploy(guest, **extra):
 
 def test_sim_crash_exit_0_after_ready_restarts_by_itself(sim):
     with timed("sim: crash0 after ready -> unit back by itself"):
-        rc, out = sim_deploy(sim, model_service_extra_args=SIM_FAST + ["--fault", "crash0:ready", "--fault-after", "3"])
+        # Late enough for the play's own wait and smoke to pass first.
+        rc, out = sim_deploy(sim, model_service_extra_args=SIM_FAST + ["--fault", "crash0:ready", "--fault-after", "20"])
         assert rc == 0, out[-4000:]
         before = unit_state(SIM_UNIT)
         until("a restart by systemd", lambda: int(unit_state(SIM_UNIT)["NRestarts"]) > int(before["NRestarts"]),
@@ -422,8 +447,11 @@ def test_sim_crash_exit_0_after_ready_restarts_by_itself(sim):
 
 def test_sim_hang_during_load_is_stalled(sim):
     with timed("sim: hang during load -> stalled (stall_timeout %d)" % STALL):
+        # Without the notify launcher: with it, the unit's own launcher judges the same stall_timeout,
+        # stops the hung start and the wait reports that exit (failed, status "stalled: ...").
         rc, out = sim_deploy(sim, model_service_extra_args=SIM_FAST + ["--fault", "hang:loading", "--fault-after", "1"],
-                             model_service_stall_timeout=STALL)
+                             model_service_stall_timeout=STALL, model_service_launcher=False)
+    VERDICTS["sim: hang during load"] = verdict_msg(out)
     flat = " ".join(out.split())
     assert rc == 2 and "phase: stalled" in flat, flat[-4000:]
 
@@ -436,6 +464,7 @@ def test_sim_truncated_shard_fails_with_the_safetensor_error(sim):
         rc, out = sim_deploy(sim, model_service_model_path=broken)
     assert rc == 2, out[-4000:]
     failed = out[out.index("Wait for the restarted model service to be ready"):]
+    VERDICTS["sim: truncated shard"] = verdict_msg(failed)
     assert "phase: failed" in failed and "SafetensorError" in failed, failed[-4000:]
 
 
@@ -457,6 +486,7 @@ def test_sim_port_taken_fails(sim):
             rc, out = sim_deploy(sim)
     finally:
         on_guest("systemctl stop port-squatter", check=False)
+    VERDICTS["sim: port taken"] = verdict_msg(out)
     flat = " ".join(out.split())
     assert rc == 2 and "phase: failed" in flat, flat[-4000:]
     assert "port %d is held by another process" % SIM_PORT in flat, flat[-4000:]
