@@ -121,7 +121,8 @@ def test_two_hosts_each_print_progress_and_end_with_the_result_of_one_long_call(
         assert len(lines) >= 2, stdout
         # A line every slice (2 s here) plus a poll and the module's restart, not at the end only.
         elapsed = [int(m.group("elapsed").rstrip("s")) for m in lines]
-        assert elapsed == sorted(elapsed) and max(b - a for a, b in zip(elapsed, elapsed[1:])) <= 6, stdout
+        # (Bounds sized for a 2-core CI box that runs other tests' engines at the same time.)
+        assert elapsed == sorted(elapsed) and max(b - a for a, b in zip(elapsed, elapsed[1:])) <= 10, stdout
         phases = [m.group("phase") for m in lines]
         assert set(phases) <= {"starting", "loading", "initializing"}, phases
         assert "loading" in phases or "initializing" in phases
@@ -141,7 +142,7 @@ def test_two_hosts_each_print_progress_and_end_with_the_result_of_one_long_call(
         # a poll (1 s) plus a look and a restart of the module on a busy 2-core machine.
         assert times == sorted(set(times)) and times[0] < 1
         assert round(times[-1], 1) == result["phases"][-1]["start"]  # the same clock as the result's
-        assert max(b - a for a, b in zip(times, times[1:])) < 5
+        assert max(b - a for a, b in zip(times, times[1:])) < 8
         assert looks[-1]["verdict"]["phase"] == "ready"
 
     # The same wait in one call (no progress lines): the same keys, of the same types.
