@@ -410,7 +410,7 @@ class Classifier(object):
     def _silent_load_possible(self):
         """Whether disk reads or GPU memory may stand for loading that the log does not announce."""
         st = self.state
-        if not (self.config.unit or self.config.log_path):
+        if not (self.config.unit or self.config.log_path or self.config.follows_log):
             return True  # no log: only the disk and the GPUs can tell
         # Before the engine's first line of this run, its processes import Python and set up
         # CUDA (busy CPU, reads from a cold page cache): that is starting, not loading.

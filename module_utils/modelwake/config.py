@@ -24,6 +24,9 @@ class WaitConfig(object):
     unit: Optional[str] = None
     pid: Optional[int] = None
     log_path: Optional[str] = None
+    # The engine's output reaches the classifier by another way than unit/log_path (the
+    # launcher's pipe): reads before its first line are imports, not silent loading.
+    follows_log: bool = False
     ready_check: str = "completion"
     model: Optional[str] = None
     api_key: Optional[str] = dataclasses.field(default=None, repr=False)

@@ -405,6 +405,7 @@ def build_launch_config(options, environ):
     if options.timeout <= 0:
         raise ModelWakeError("timeout: must be greater than 0 (the launcher always waits), got %s" % options.timeout)
     config = build_config(params)
+    config.follows_log = True  # the engine's output comes through our pipe
     minimum = config.stall_timeout + 2 * config.poll_interval
     if options.extend_timeout is None:
         options.extend_timeout = minimum + 30

@@ -67,10 +67,16 @@ def test_vllm_cpu_start_17_s_silence_after_loading_is_not_stalled():
     ("sglang", "/var/log/engine.log", ["server_args=ServerArgs(model_path='/m')"], "loading"),
     # No log to follow: only the disk can tell.
     ("auto", None, [], "loading"),
+    # The launcher follows the engine's output through its pipe (no unit, no log_path): the
+    # reads before the first line are imports, as with a followed file.
+    ("vllm", "pipe", [], "starting"),
 ])
 def test_busy_cpu_and_reads_before_any_load_marker(engine, log_path, first_lines, phase):
     trace = Trace()
-    verdicts = replay(config(engine=engine, log_path=log_path, expected_bytes=2 * MIB), [
+    follows_pipe = log_path == "pipe"
+    cfg = config(engine=engine, log_path=None if follows_pipe else log_path, expected_bytes=2 * MIB)
+    cfg.follows_log = follows_pipe
+    verdicts = replay(cfg, [
         trace.step(0, lines=first_lines),
         trace.step(5, cpu=1.0, read=3 * MIB),
         trace.step(10, cpu=1.0, read=3 * MIB),
