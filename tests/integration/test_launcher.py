@@ -202,7 +202,7 @@ def test_a_crash_exits_non_zero_with_the_root_cause(launch):
 
 def test_an_exit_0_after_ready_still_ends_the_launcher_non_zero(launch, tmp_path):
     textfile = str(tmp_path / "sim.prom")
-    run = launch(sim_args=["--fault", "crash0:ready", "--fault-after", "2"], launcher_args=["--textfile", textfile])
+    run = launch(sim_args=["--fault", "crash0:ready", "--fault-after", "6"], launcher_args=["--textfile", textfile])
     code = run.wait(90)
     err = run.stderr()
     assert code == EXIT_ENGINE_EXITED, err
