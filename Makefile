@@ -35,7 +35,7 @@ unit: venv ## Unit tests: pure logic, replayed traces, scripted GPUs, no sleepin
 	$(PYTEST) tests/unit
 
 integration: venv system-deps ## Integration tests: real processes, HTTP servers, venvs, Ansible
-	$(PYTEST) tests/integration
+	$(PYTEST) --reruns 1 --reruns-delay 5 tests/integration
 
 molecule: venv system-deps ## Molecule scenarios on systemd-nspawn test hosts
 	trap 'tools/testhosts down --prefix mol-' EXIT; molecule test --all
