@@ -13,8 +13,10 @@ import os
 import queue
 import signal
 import socket
+import sys
 import threading
 import time
+import traceback
 
 from . import __version__, faults, http, logs, ranks, textgen
 from .gpus import ensure_gpus, fake_gpu_dir
@@ -168,6 +170,11 @@ class ApiServer:
                 code = body() or 0
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:
+                # A bug or an unexpected host problem (a fake-GPU file it may not write): say what,
+                # as a real engine's rank would, instead of dying silently.
+                traceback.print_exc()
+                sys.stderr.flush()
             finally:
                 os._exit(code)
         self.children.append(pid)
