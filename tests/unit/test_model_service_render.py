@@ -174,6 +174,9 @@ def test_sim_exec_start_and_key_in_env(rendered):
         "ExecStart=%s/bin/python -m modelwake_sim serve --engine sglang --model-path %s --host 127.0.0.1 "
         "--port 30001 --tp 8 --fake-gpus --disable-cuda-graph --init-seconds 2" % (VENV, rendered["k26"]))
     assert 'MODELWAKE_API_KEY="%s"' % SECRET in read(rendered, "sim", "etc/sglang-k26.env").splitlines()
+    # ProtectSystem=strict: the non-root ranks may write only their fake-GPU holder files.
+    assert directive(unit, "ReadWritePaths") == ["-/run/modelwake-fake-gpu"]
+    assert directive(read(rendered, "sglang", "unit.service"), "ReadWritePaths") == []
 
 
 def test_multinode_args_follow_the_group_order(rendered):
