@@ -115,6 +115,22 @@ def _relocate_scripts(bin_dir, old_prefix, new_prefix):
                 handle.write(data.replace(old, new))
 
 
+@contextlib.contextmanager
+def _built_aside(final, prefix):
+    """Yield a temporary directory next to `final`; when the block succeeds it replaces `final`
+    whole, when it fails it is removed: an interrupted build never leaves a half directory."""
+    partial = tempfile.mkdtemp(prefix=prefix, dir=os.path.dirname(os.path.abspath(final)))
+    try:
+        yield partial
+        if os.path.exists(final):
+            # A stale copy (other pins, another spec, or from before the marker existed).
+            shutil.rmtree(final)
+        os.rename(partial, final)
+    finally:
+        if os.path.exists(partial):
+            shutil.rmtree(partial, ignore_errors=True)
+
+
 def ensure_venv(python=None):
     """Return the venv's python, building it once. Built in a temporary directory next to the
     final one and renamed only when complete, so an interrupted install leaves no half venv."""
@@ -125,8 +141,7 @@ def ensure_venv(python=None):
             return venv_python()
         final = venv_dir()
         started = time.monotonic()
-        partial = tempfile.mkdtemp(prefix="venv.partial-", dir=cache_root())
-        try:
+        with _built_aside(final, "venv.partial-") as partial:
             _run([python or sys.executable, "-m", "venv", partial])
             pip = [os.path.join(partial, "bin", "python"), "-m", "pip"]
             _run(pip + ["install", "--disable-pip-version-check", "--progress-bar", "off"] + list(PINS))
@@ -138,13 +153,6 @@ def ensure_venv(python=None):
             _relocate_scripts(os.path.join(partial, "bin"), partial, final)
             with open(os.path.join(partial, MARKER), "w") as handle:
                 handle.write(marker_text())
-            if os.path.exists(final):
-                # A stale venv (other pins, or from before the marker existed): replace it whole.
-                shutil.rmtree(final)
-            os.rename(partial, final)
-        finally:
-            if os.path.exists(partial):
-                shutil.rmtree(partial, ignore_errors=True)
         _log("venv ready in %.0f s: %s" % (time.monotonic() - started, final))
     return venv_python()
 
@@ -234,20 +242,13 @@ def make_model(dest, disk_heavy=False):
     python = ensure_venv()
     parent = os.path.dirname(os.path.abspath(dest))
     os.makedirs(parent, exist_ok=True)
-    partial = tempfile.mkdtemp(prefix=".model.partial-", dir=parent)
-    os.chmod(partial, 0o755)  # mkdtemp makes it 0700; a service user must be able to read it
-    try:
+    with _built_aside(dest, ".model.partial-") as partial:
+        os.chmod(partial, 0o755)  # mkdtemp makes it 0700; a service user must be able to read it
         _run([python, "-c", _MAKE_MODEL, partial, json.dumps(spec)], env=engine_env())
         with open(os.path.join(partial, ".modelwake-model"), "w") as handle:
             handle.write(wanted)
         for name in os.listdir(partial):
             os.chmod(os.path.join(partial, name), 0o644)  # safetensors shards are written 0600
-        if os.path.exists(dest):
-            shutil.rmtree(dest)
-        os.rename(partial, dest)
-    finally:
-        if os.path.exists(partial):
-            shutil.rmtree(partial, ignore_errors=True)
     return dest
 
 
