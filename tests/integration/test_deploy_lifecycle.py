@@ -6,24 +6,39 @@ guest's systemd and the play's output say: a crash during load fails the play wi
 its root cause; a reboot after ready and during a load brings the service back by itself and a
 re-run converges with changed=0 and waits until ready; the GPU preflight stops a listed unit that
 holds the GPUs and refuses (naming the PID) a process of no such unit; status, stop, start again.
+Interrupted plays: a reboot during the first deploy's wait (the unit, enabled before its restart,
+comes back by itself; the re-run only waits), and a controller killed once the handlers begin (the
+next run still restarts the service onto its new unit, from the host's state alone).
 The guest is destroyed afterwards, also when a test fails.
 """
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
+import threading
 import time
+from datetime import datetime, timezone
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TESTHOSTS = os.path.join(ROOT, "tools", "testhosts")
 PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
-GUEST = "mwd-life"
+# Per session: two pytest sessions (a developer's and a full `make integration`) never share a guest.
+GUEST = "mwl-%d" % (os.getpid() % 100000)
 UNIT = "sglang-k26"
 FAST = ["--disable-cuda-graph", "--load-rate-mib", "64", "--start-seconds", "1", "--init-seconds", "3",
         "--warmup-seconds", "1"]
+# A second catalog entry, never deployed before its test: the first deploy of a unit.
+FIRST = "sglang-first"
+FIRST_PORT = 30002
+# 256 MiB at 8 MiB/s, then 15 s of silent initialisation: the reboot lands in the load, and the re-run
+# (about 20 s of Ansible before its wait) still finds it loading.
+SLOW = ["--disable-cuda-graph", "--load-rate-mib", "8", "--start-seconds", "1", "--init-seconds", "15",
+        "--warmup-seconds", "1"]
+HANDLER_WAIT = "RUNNING HANDLER [model_service : Wait for the restarted model service to be ready]"
 
 pytestmark = [
     pytest.mark.slow,
@@ -48,9 +63,40 @@ def on_guest(command, check=True):
     return proc.stdout.strip()
 
 
-def unit_state():
-    out = on_guest("systemctl show %s -p InvocationID -p NRestarts -p ActiveState -p SubState -p MainPID" % UNIT)
+def unit_state(unit=UNIT):
+    out = on_guest("systemctl show %s -p InvocationID -p NRestarts -p ActiveState -p SubState -p MainPID -p Job" % unit)
     return dict(line.split("=", 1) for line in out.splitlines())
+
+
+def settled_state(unit, timeout=60):
+    """The unit's state once its main process is the one that stays (or at the deadline).
+
+    Up with no job queued, or started by its start job (a Type=notify start job lasts the whole load);
+    never in the middle of a restart job, whose old process is about to go.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        state = unit_state(unit)
+        idle = state["Job"] == "" and state["ActiveState"] in ("active", "activating")
+        starting = state["ActiveState"] == "activating" and state["SubState"] == "start" and state["MainPID"] != "0"
+        if idle or starting or time.monotonic() > deadline:
+            return state
+        time.sleep(1)
+
+
+def started_at(unit=UNIT):
+    """Wall-clock start of the unit's running main process, as systemd recorded it (microseconds)."""
+    out = on_guest("systemctl show %s -p ExecMainStartTimestamp --timestamp=us+utc --value" % unit)
+    return datetime.strptime(out, "%a %Y-%m-%d %H:%M:%S.%f UTC").replace(tzinfo=timezone.utc).timestamp()
+
+
+def engine_cmdline(unit=UNIT):
+    """Command line of the engine the unit's launcher (its main process) runs."""
+    pid = unit_state(unit)["MainPID"]
+    out = on_guest("for c in $(cat /proc/%s/task/*/children); do tr '\\0' ' ' < /proc/$c/cmdline; echo; done" % pid)
+    engines = [line for line in out.splitlines() if "modelwake_sim serve" in line]
+    assert len(engines) == 1, out
+    return engines[0]
 
 
 class Guest(object):
@@ -75,21 +121,66 @@ class Guest(object):
                     "engine": "sim", "engine_version": "0.1.0", "unit": UNIT, "port": 30001,
                     "model_path": "/srv/models/Kimi-K2.6-sim", "tp": 8, "gpus": list(range(8)),
                     "extra_args": FAST, "conflicts": ["sglang-k26-ddtree"],
-                    "ready_timeout": 300, "stall_timeout": 60}},
+                    "ready_timeout": 300, "stall_timeout": 60},
+                    "first": {
+                        "engine": "sim", "engine_version": "0.1.0", "unit": FIRST, "port": FIRST_PORT,
+                        "model_path": "/srv/models/Kimi-K2.6-sim", "tp": 1, "gpus": [0],
+                        "extra_args": SLOW, "ready_timeout": 300, "stall_timeout": 60}},
             }}}
         with open(self.inventory, "w") as handle:
             json.dump(inventory, handle)
 
-    def play(self, playbook, extra=None):
-        """Run a playbook; return (rc, output, seconds)."""
+    def argv(self, playbook, extra):
         argv = [PLAYBOOK, "-i", self.inventory, os.path.join(ROOT, playbook)]
         if extra:
             argv += ["-e", json.dumps(extra)]
-        env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+        env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                   PYTHONUNBUFFERED="1")
+        return argv, env
+
+    def play(self, playbook, extra=None):
+        """Run a playbook; return (rc, output, seconds)."""
+        argv, env = self.argv(playbook, extra)
         start = time.monotonic()
         proc = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               universal_newlines=True, timeout=900)
         return proc.returncode, proc.stdout, time.monotonic() - start
+
+
+class Background(object):
+    """A playbook run in its own process group, followed line by line, killed (by its group) at the end."""
+
+    def __init__(self, guest, playbook, extra=None, timeout=600):
+        argv, env = guest.argv(playbook, extra)
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     universal_newlines=True, start_new_session=True)
+        self.lines = []
+        # A deadline for the whole run: a hung play must not hang the test.
+        self.watchdog = threading.Timer(timeout, self.kill)
+        self.watchdog.start()
+
+    def until(self, marker):
+        """Read the play's output until a line contains marker; fail if the play ends first."""
+        for line in iter(self.proc.stdout.readline, ""):
+            self.lines.append(line)
+            if marker in line:
+                return
+        raise AssertionError("the play ended before %r:\n%s" % (marker, "".join(self.lines)))
+
+    def kill(self):
+        """Kill the whole run at once, like a controller that dies (its SSH clients go with it)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def finish(self):
+        """Wait for the play's end; return (rc, output)."""
+        rest = self.proc.stdout.read()
+        rc = self.proc.wait()
+        self.watchdog.cancel()
+        self.proc.stdout.close()
+        return rc, "".join(self.lines) + rest
 
 
 def recap(output):
@@ -122,6 +213,43 @@ def test_rerun_converges_without_restart(guest):
     assert recap(out)["changed"] == 0
     after = unit_state()
     assert after["InvocationID"] == before["InvocationID"] and after["MainPID"] == before["MainPID"]
+
+
+def test_a_restart_lost_with_the_controller_is_done_by_the_next_run(guest):
+    # The controller dies once the handlers begin: Ansible forgets the notified restart. Whether the
+    # kill landed before or after the handler's `systemctl restart`, the next run must leave the
+    # service running the new command line, started after the unit file changed, and converge.
+    changed = {"model_service_extra_args": FAST + ["--no-access-log"]}
+    run = Background(guest, "deploy-k26.yml", changed)
+    try:
+        run.until("RUNNING HANDLER")
+    finally:
+        run.kill()
+        killed_rc, killed_out = run.finish()
+    assert killed_rc == -signal.SIGKILL, killed_out
+    unit_mtime = float(on_guest("stat -c %%.9Y /etc/systemd/system/%s.service" % UNIT))
+    before = settled_state(UNIT)
+    restarted_before_the_kill = started_at() > unit_mtime
+    print("the kill landed %s the handler's restart" % ("after" if restarted_before_the_kill else "before"))
+    rc, out, _ = guest.play("deploy-k26.yml", changed)
+    assert rc == 0, out
+    after = unit_state()
+    if restarted_before_the_kill:
+        # Nothing is owed: the re-run only waits.
+        assert recap(out)["changed"] == 0, out
+        assert after["InvocationID"] == before["InvocationID"]
+    else:
+        # The re-run found the service older than its unit file and restarted it once, through the handler.
+        assert "Request the restart an interrupted run left pending, %s" % UNIT in out
+        assert out.count("RUNNING HANDLER [model_service : Restart the model service]") == 1, out
+        assert recap(out)["changed"] == 2, out
+        assert after["InvocationID"] != before["InvocationID"]
+    assert "--no-access-log" in engine_cmdline()
+    assert started_at() > unit_mtime
+    rc, out, _ = guest.play("deploy-k26.yml", changed)
+    assert rc == 0, out
+    assert recap(out)["changed"] == 0, out
+    assert unit_state()["InvocationID"] == after["InvocationID"]
 
 
 def test_crash_during_load_fails_within_seconds_with_the_root_cause(guest):
@@ -159,6 +287,36 @@ def test_reboot_after_ready_and_during_load_comes_back_and_converges(guest):
     assert report and int(report.group(1)) > 0 and report.group(2) != "ready", out
     rc, out, _ = guest.play("deploy-k26.yml")
     assert rc == 0, out
+
+
+def test_reboot_during_the_first_deploy_comes_back_and_converges(guest):
+    first = {"modelwake_deploy_model": "first"}
+    run = Background(guest, "deploy-k26.yml", first)
+    try:
+        try:
+            # The unit never ran on this guest: the handler's restart is its first start.
+            run.until(HANDLER_WAIT)
+            host_tool("reboot", GUEST)
+        finally:
+            run.kill()
+            rc, out = run.finish()
+        # The play lost its host in the middle of the wait.
+        assert rc != 0 and ("UNREACHABLE!" in out or "FAILED!" in out), out
+        assert "Send the smoke completion" not in out
+        # Enabled before its restart: systemd started it at boot, without Ansible.
+        booted = settled_state(FIRST)
+        assert booted["ActiveState"] in ("active", "activating"), booted
+        assert on_guest("systemctl is-enabled %s" % FIRST) == "enabled"
+        rc, out, _ = guest.play("deploy-k26.yml", first)
+        assert rc == 0, out
+        assert recap(out)["changed"] == 0, out
+        # It waited for the load (a phase before ready), without restarting what systemd started at boot.
+        report = re.search(r"%s: ready after (\d+) s \(([^)]*)\)" % FIRST, " ".join(out.split()))
+        assert report and int(report.group(1)) > 0 and report.group(2) != "ready", out
+        assert unit_state(FIRST)["InvocationID"] == booted["InvocationID"]
+    finally:
+        # Later reboots must not start it again.
+        on_guest("systemctl disable --now %s" % FIRST, check=False)
 
 
 def test_preflight_stops_a_listed_unit_and_refuses_a_foreign_holder(guest):
