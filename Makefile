@@ -34,13 +34,19 @@ lint: venv ## yamllint and ansible-lint (production profile)
 unit: venv ## Unit tests: pure logic, replayed traces, scripted GPUs, no sleeping
 	$(PYTEST) tests/unit
 
-integration: venv system-deps ## Integration tests: real processes, HTTP servers, venvs, Ansible
-	$(PYTEST) --reruns 1 --reruns-delay 5 tests/integration
+# Workers for the integration tests: they mostly wait on engines and guests, so more than the cores.
+# The bridge test runs alone first: it checks that the bridge goes when the last guest does.
+TEST_WORKERS ?= 3
 
-molecule: venv system-deps ## Molecule scenarios on systemd-nspawn test hosts
+integration: venv system-deps ## Integration tests and Molecule scenarios: real processes, venvs, Ansible, guests
+	$(PYTEST) tests/integration/test_testhosts_bridge.py
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup --reruns 1 --reruns-delay 5 --durations 20 \
+		--ignore tests/integration/test_testhosts_bridge.py tests/integration
+
+molecule: venv system-deps ## Molecule scenarios alone, one after the other (make integration runs them too)
 	trap 'tools/testhosts down --prefix mol-' EXIT; molecule test --all
 
-test: system-deps venv lint unit integration molecule ## Everything CI runs
+test: system-deps venv lint unit integration ## Everything CI runs
 
 demo: system-deps venv hosts-up ## Boot a test host and deploy the simulated K2.6 to it
 	ansible-playbook -i inventories/demo playbooks/demo-model.yml

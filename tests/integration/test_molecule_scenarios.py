@@ -1,0 +1,50 @@
+"""Every Molecule scenario (molecule/*/molecule.yml), each run whole by `molecule test -s NAME`.
+
+They are tests of their own here so that `make test` schedules them next to the other guest-based
+tests (pytest-xdist, one worker per scenario) instead of after them: each mostly waits on its
+guests. `make molecule` still runs them directly. A scenario's guests are removed afterwards even
+when Molecule itself could not (its destroy step failed, or the run was killed at the time limit).
+"""
+import os
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MOLECULE_DIR = os.path.join(ROOT, "molecule")
+MOLECULE = os.path.join(ROOT, ".venv", "bin", "molecule")
+TESTHOSTS = os.path.join(ROOT, "tools", "testhosts")
+# The longest scenario takes about 6 minutes on a quiet 2-core machine.
+SCENARIO_TIMEOUT = 1500
+
+
+def scenarios():
+    return sorted(name for name in os.listdir(MOLECULE_DIR)
+                  if os.path.isfile(os.path.join(MOLECULE_DIR, name, "molecule.yml")))
+
+
+def guest_names(scenario):
+    with open(os.path.join(MOLECULE_DIR, scenario, "molecule.yml")) as handle:
+        return [platform["name"] for platform in yaml.safe_load(handle)["platforms"]]
+
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("systemd-nspawn") is None,
+                       reason="test hosts need root and systemd-nspawn (make system-deps)"),
+]
+
+
+@pytest.mark.parametrize("scenario", [pytest.param(name, marks=pytest.mark.xdist_group("molecule-" + name))
+                                      for name in scenarios()])
+def test_scenario_passes(scenario):
+    try:
+        proc = subprocess.run([MOLECULE, "test", "-s", scenario], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, universal_newlines=True, timeout=SCENARIO_TIMEOUT)
+    finally:
+        subprocess.run([TESTHOSTS, "down"] + guest_names(scenario), stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+    # The end of Molecule's output names the failed step and shows its play.
+    assert proc.returncode == 0, proc.stdout[-30000:]
