@@ -40,7 +40,7 @@ TEST_WORKERS ?= 3
 
 integration: venv system-deps ## Integration tests and Molecule scenarios: real processes, venvs, Ansible, guests
 	$(PYTEST) tests/integration/test_testhosts_bridge.py
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup --reruns 1 --reruns-delay 5 --durations 20 \
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --reruns 1 --reruns-delay 5 --durations 20 \
 		--ignore tests/integration/test_testhosts_bridge.py tests/integration
 
 molecule: venv system-deps ## Molecule scenarios alone, one after the other (make integration runs them too)

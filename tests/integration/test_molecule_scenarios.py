@@ -1,8 +1,8 @@
 """Every Molecule scenario (molecule/*/molecule.yml), each run whole by `molecule test -s NAME`.
 
 They are tests of their own here so that `make test` schedules them next to the other guest-based
-tests (pytest-xdist, one worker per scenario) instead of after them: each mostly waits on its
-guests. `make molecule` still runs them directly. A scenario's guests are removed afterwards even
+tests (pytest-xdist `--dist loadscope`: a test file's functions share a worker, each class here gets
+its own) instead of after them: each mostly waits on its guests. `make molecule` still runs them directly. A scenario's guests are removed afterwards even
 when Molecule itself could not (its destroy step failed, or the run was killed at the time limit).
 """
 import os
@@ -37,9 +37,7 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("scenario", [pytest.param(name, marks=pytest.mark.xdist_group("molecule-" + name))
-                                      for name in scenarios()])
-def test_scenario_passes(scenario):
+def run_scenario(scenario):
     try:
         proc = subprocess.run([MOLECULE, "test", "-s", scenario], cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, universal_newlines=True, timeout=SCENARIO_TIMEOUT)
@@ -48,3 +46,24 @@ def test_scenario_passes(scenario):
                        stderr=subprocess.DEVNULL)
     # The end of Molecule's output names the failed step and shows its play.
     assert proc.returncode == 0, proc.stdout[-30000:]
+
+
+# One class per scenario: `--dist loadscope` gives each class its own worker.
+class TestDefault(object):
+    def test_scenario_passes(self):
+        run_scenario("default")
+
+
+class TestDeploy(object):
+    def test_scenario_passes(self):
+        run_scenario("deploy")
+
+
+class TestNotify(object):
+    def test_scenario_passes(self):
+        run_scenario("notify")
+
+
+def test_every_scenario_has_its_class():
+    classes = [name[len("Test"):].lower() for name in globals() if name.startswith("Test")]
+    assert sorted(classes) == scenarios()
