@@ -45,7 +45,9 @@ MARKERS = {
         (r"Model loading took", INITIALIZING),
         (r"Memory profiling takes", INITIALIZING),
         (r"Warming up model", INITIALIZING),
-        (r"torch\.compile", INITIALIZING),
+        # The compile's own summary only: "Enforce eager set, disabling torch.compile, ..." is a
+        # configuration warning printed at start, long before the weights load.
+        (r"torch\.compile takes", INITIALIZING),
         (r"Capturing CUDA graphs", INITIALIZING),
         (r"GPU KV cache size|CPU KV cache size", INITIALIZING),
         (r"init engine", INITIALIZING),

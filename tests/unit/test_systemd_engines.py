@@ -76,6 +76,9 @@ V = "(EngineCore_DP0 pid=812) INFO 11-30 04:40:00 [core.py:1] "
     ("vllm", "(Worker pid=9) INFO 11-30 Model loading took 2.61 GiB memory and 24.1s", "marker", "initializing"),
     ("vllm", "(Worker pid=9) INFO 11-30 Warming up model for the compilation...", "marker", "initializing"),
     ("vllm", "(EngineCore pid=8) INFO torch.compile takes 31.2 s in total", "marker", "initializing"),
+    # Recorded on the real vLLM CPU build at start-up, before any weight is read: not a phase marker.
+    ("vllm", "(APIServer pid=1059) WARNING 11-30 09:14:12 [vllm.py:1703] Enforce eager set, disabling torch.compile, "
+             "CUDAGraphs, and JIT kernel warmup.", "other", None),
     ("vllm", "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  50%", "marker", "initializing"),
     ("vllm", V + "init engine (profile, create kv cache, warmup model) took 50.66 s", "marker", "initializing"),
     ("vllm", "(APIServer pid=7) INFO:     Application startup complete.", "marker", "ready_hint"),
