@@ -39,7 +39,10 @@ pytestmark = [
 
 def run_scenario(scenario):
     try:
-        proc = subprocess.run([MOLECULE, "test", "-s", scenario], cwd=ROOT, stdout=subprocess.PIPE,
+        # Molecule runs ansible-config, ansible-playbook and pytest by name: the toolchain's, also
+        # when this test is run outside `make`.
+        env = dict(os.environ, PATH=os.path.dirname(MOLECULE) + os.pathsep + os.environ.get("PATH", ""))
+        proc = subprocess.run([MOLECULE, "test", "-s", scenario], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, universal_newlines=True, timeout=SCENARIO_TIMEOUT)
     finally:
         subprocess.run([TESTHOSTS, "down"] + guest_names(scenario), stdout=subprocess.DEVNULL,
