@@ -44,6 +44,9 @@ class GpuReader(object):
         self.backend = None
         self.error = None
         self.no_gpu_tools = False
+        # The answer of the nvidia-smi run that chose the backend, kept for the first read: each
+        # run costs the host ~0.15 s of CPU, and every slice of a wait is a new process that chooses.
+        self._unread_smi = None
 
     def _choose(self):
         if self.backend is not None:
@@ -57,10 +60,11 @@ class GpuReader(object):
                 return self.backend
             except Exception as exc:  # NVMLError subclasses: no driver, no library, no GPU
                 self.error = "NVML unavailable: %s" % exc
-        rc, _out, err = self.runner(SMI_GPU_QUERY, 20)
+        rc, out, err = self.runner(SMI_GPU_QUERY, 20)
         if rc == 0:
             self.backend = "nvidia-smi"
             self.error = None
+            self._unread_smi = (rc, out, err)
         else:
             self.backend = "none"
             # No usable NVML and no nvidia-smi: a host without GPUs, which is normal; `error`
@@ -108,7 +112,8 @@ class GpuReader(object):
         return found
 
     def _read_smi(self):
-        rc, out, err = self.runner(SMI_GPU_QUERY, 20)
+        answer, self._unread_smi = self._unread_smi, None
+        rc, out, err = answer or self.runner(SMI_GPU_QUERY, 20)
         if rc != 0:
             self.error = "nvidia-smi failed (rc %d): %s" % (rc, err.strip()[:200])
             return []

@@ -82,6 +82,21 @@ def test_nvidia_smi_fallback_when_nvml_cannot_initialise(fake_nvml, scripted_smi
     assert [g["index"] for g in gpu.GpuReader(gpus=[0], runner=run_command).read()] == [0]
 
 
+def test_the_nvidia_smi_run_that_chooses_the_backend_is_the_first_read(monkeypatch, scripted_smi):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    calls = []
+
+    def counting_runner(argv, timeout=30):
+        calls.append(argv)
+        return run_command(argv, timeout)
+
+    reader = gpu.GpuReader(runner=counting_runner)
+    assert reader.read() == EXPECTED_GPUS
+    assert len(calls) == 1  # chosen and read with one run
+    assert reader.read() == EXPECTED_GPUS
+    assert len(calls) == 2  # later reads ask again: the GPUs change
+
+
 def test_nvidia_smi_when_pynvml_is_not_installed(monkeypatch, scripted_smi):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
     reader = gpu.GpuReader()
