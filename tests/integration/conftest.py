@@ -10,8 +10,8 @@ import os
 
 FIRST = [
     "test_vllm_deploy.py",                       # ~11 min: the real vLLM CPU build and its fault matrix
-    "test_deploy_lifecycle.py",                  # ~10 min: crash, reboots, interrupted deploys
-    "test_molecule_scenarios.py::TestDeploy",    # ~8 min: two guests, idempotence, rolling restart
+    "test_molecule_scenarios.py::TestDeploy",    # ~10 min: two guests, crash, reboots, rolling restart
+    "test_deploy_lifecycle.py",                  # ~6 min: interrupted deploys, preflight, stop/start
     "test_timeline_playbook.py",                 # short ones, queued behind the three above
     "test_benchmark.py",
     "test_deploy_inventories.py",
