@@ -137,8 +137,8 @@ def render(results, pictures):
               "The simulated engine (`engines/sim`, `%s`, a %s MiB model in %s shards) starts in ~14 s instead of "
               "K2.6's ~26 min. The fixed-deadline waits' usual 10-minute budget is scaled by 1/%g: "
               "`uri` `/health` with `until`, `delay: %s`, `retries: %s` (%s s) and `wait_for` `timeout: %s`, "
-              "`sleep: %s`. The module looks every `poll_interval: %s` s with `stall_timeout: %s` and "
-              "`timeout: %s`. All three look once a second and run at the same time on the same engine start, "
+              "`sleep: %s`. The module looks every `poll_interval: %s` s with `stall_timeout: %s`, "
+              "`completion_timeout: %s` and `timeout: %s`. All three look once a second and run at the same time on the same engine start, "
               "each as its own `ansible-playbook` (bench/waits.yml); the time of a verdict in the tables is the exit "
               "of that process (the targets use the module's own verdict time: its last progress record). The true event comes from the engine itself: its ready line (stamped as it is read from "
               "its pipe), its process exit, or for a hang the loading line + `--fault-after` (%s s)."
@@ -146,7 +146,8 @@ def render(results, pictures):
                  settings.get("scale", 30), settings.get("poll_interval"), settings.get("retries"),
                  _num(settings.get("deadline"), "%.0f"), _num(settings.get("deadline"), "%.0f"),
                  settings.get("poll_interval"), settings.get("poll_interval"), settings.get("stall_timeout"),
-                 _num(settings.get("module_timeout"), "%.0f"), settings.get("fault_after")), ""]
+                 settings.get("completion_timeout", 30), _num(settings.get("module_timeout"), "%.0f"),
+                 settings.get("fault_after")), ""]
     scenarios = results.get("scenarios") or []
     if scenarios:
         lines += ["## Time from the true event to the verdict", "",
@@ -266,11 +267,13 @@ MISS_NOTES = [
     ("hang while loading", "the reads made just before the hang are seen as progress at the first look after it, "
                            "and the verdict comes at the first look once `stall_timeout` has passed since: up to "
                            "`stall_timeout` + two polls after the hang."),
-    ("hang after ready", "a hung engine that still listens makes each look wait for the completion probe's own "
-                         "client timeout (30 s, not scaled down here), so the module sees no answer, and declares "
-                         "the stall, only at the end of that look."),
-    ("under 1 %", "the action plugin runs the module in 20 s slices: every slice is a new Python process that "
-                  "imports the module again; the scripted `nvidia-smi` is itself a Python script run every look."),
+    ("hang after ready", "a hung engine that still listens makes one look wait for the completion probe's own "
+                         "client timeout (`completion_timeout`), so the module sees no answer, and can declare "
+                         "the stall, only at the end of that look: up to `stall_timeout` + two polls + "
+                         "`completion_timeout` after the hang (the module's documented bound)."),
+    ("under 1 %", "the action plugin runs the module in ~25 s slices (one progress line each): every slice is a "
+                  "new Python process that imports Ansible's module runtime and the module again (~0.2 s of CPU); "
+                  "the scripted `nvidia-smi` is itself a Python script run every look."),
     ("re-run", "the re-run's own time on a 2-core machine shared with other jobs' deploys and tests (see the "
                "load average above); it changed nothing and restarted nothing."),
 ]

@@ -42,6 +42,9 @@ SETTINGS = {
     "stall_timeout": 10,  # 300 s at full scale (the module's default is 600, the demo's 120)
     "fault_after": 3.0,  # s into loading: after the waits' own start-up (ansible-playbook takes 2-4 s here)
     "sglang_health_check_timeout": 2,  # SGLang's 20 s, scaled
+    # The module's completion probe waits 30 s by default; scaled like stall_timeout, or a hung engine
+    # that still listens is judged only after an unscaled 30 s look. The sim answers in ~0.05 s.
+    "completion_timeout": 2,
 }
 # A ~14 s start: 1 s imports, 192 MiB in 16 shards at 32 MiB/s, 5 s silent JIT, 2 s warm-up.
 SIM_ARGS = ["--tp", "2", "--fake-gpus", "--fake-gpu-count", "2", "--disable-cuda-graph", "--start-seconds", "1",
@@ -129,7 +132,8 @@ def run_scenario(engine, name, fault, event, model, work):
              "bench_log_path": sim.log_path, "bench_model_path": model, "bench_progress_path": progress,
              "bench_module_timeout": SETTINGS["module_timeout"], "bench_stall_timeout": SETTINGS["stall_timeout"],
              "bench_poll_interval": SETTINGS["poll_interval"], "bench_retries": SETTINGS["retries"],
-             "bench_deadline": SETTINGS["deadline"], "bench_uri_timeout": SETTINGS["uri_timeout"]}
+             "bench_deadline": SETTINGS["deadline"], "bench_uri_timeout": SETTINGS["uri_timeout"],
+             "bench_completion_timeout": SETTINGS["completion_timeout"]}
     waiter_env = ansible_env({"MODELWAKE_FAKE_GPU_DIR": env["MODELWAKE_FAKE_GPU_DIR"]})
     try:
         waiters = [Waiter(a, extra, waiter_env, os.path.join(base, "wait-%s.log" % a)) for a in APPROACHES]
