@@ -22,8 +22,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TESTHOSTS = os.path.join(ROOT, "tools", "testhosts")
+from guesthost import ROOT, TESTHOSTS, host_tool
+
 PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
 # Per session: two pytest sessions (a developer's and a full `make integration`) never share a guest.
 GUEST = "mwl-%d" % (os.getpid() % 100000)
@@ -44,14 +44,6 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0 or shutil.which("systemd-nspawn") is None,
                        reason="test hosts need root and systemd-nspawn (make system-deps)"),
 ]
-
-
-def host_tool(*args, check=True):
-    proc = subprocess.run([TESTHOSTS] + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True, timeout=600)
-    if check and proc.returncode != 0:
-        raise AssertionError("testhosts %s failed: %s" % (" ".join(args), proc.stdout))
-    return proc.stdout.strip()
 
 
 def on_guest(command, check=True):
