@@ -212,6 +212,24 @@ def test_hang_while_loading_stops_cpu_reads_and_output(model_dir, start_sim):
     assert sim.proc.poll() is None and not port_open(sim.port)
 
 
+def test_a_held_load_keeps_reading_until_its_file_is_removed(model_dir, tmp_path, start_sim):
+    # 32 MiB at 64 MiB/s would be read in half a second: the hold keeps it loading, with real reads.
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    sim = start_sim("sglang", model_dir, "--tp", "2", "--hold-load", str(hold))
+    sim.wait_log("Load weight begin.")
+    time.sleep(2.0)
+    reads = sum(proc_field(p, "read_bytes") for p in sim.tree())
+    time.sleep(1.5)
+    assert sum(proc_field(p, "read_bytes") for p in sim.tree()) > reads + 8 * 1024 * 1024
+    log = sim.log()
+    assert "Completed | 7/8" in log and "8/8" not in log and "Load weight end" not in log
+    hold.unlink()
+    sim.wait_log("Load weight end.")
+    assert "Completed | 8/8" in sim.log()
+    wait_until(lambda: port_open(sim.port), what="listening after the release")
+
+
 def test_silent_init_burns_cpu_without_output(model_dir, start_sim):
     sim = start_sim("sglang", model_dir, "--disable-cuda-graph", "--init-seconds", "3")
     sim.wait_log("Using CompressedTensorsWNA16MarlinMoEMethod")
