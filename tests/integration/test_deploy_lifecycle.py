@@ -33,8 +33,9 @@ FAST = ["--disable-cuda-graph", "--load-rate-mib", "64", "--start-seconds", "1",
 # A second catalog entry, never deployed before its test: the first deploy of a unit.
 FIRST = "sglang-first"
 FIRST_PORT = 30002
-# Its load is held while HOLD exists on the guest (the simulator reads on, like a slow disk): the
-# reboot lands in the load and the re-run's wait finds it loading on any machine, fast or loaded.
+# Its load pauses while HOLD exists on the guest: the reboot lands in the load and the re-run's wait
+# finds it loading on any machine, fast or loaded. A paused load shows no progress: its stall_timeout
+# is long enough for a boot and the re-run's first tasks.
 HOLD = "/var/lib/mwl-hold-load"
 HELD = FAST + ["--hold-load", HOLD]
 HANDLER_WAIT = "RUNNING HANDLER [model_service : Wait for the restarted model service to be ready]"
@@ -116,7 +117,7 @@ class Guest(object):
                     "first": {
                         "engine": "sim", "engine_version": "0.1.0", "unit": FIRST, "port": FIRST_PORT,
                         "model_path": "/srv/models/Kimi-K2.6-sim", "tp": 1, "gpus": [0],
-                        "extra_args": HELD, "ready_timeout": 300, "stall_timeout": 60}},
+                        "extra_args": HELD, "ready_timeout": 600, "stall_timeout": 300}},
             }}}
         with open(self.inventory, "w") as handle:
             json.dump(inventory, handle)

@@ -212,18 +212,20 @@ def test_hang_while_loading_stops_cpu_reads_and_output(model_dir, start_sim):
     assert sim.proc.poll() is None and not port_open(sim.port)
 
 
-def test_a_held_load_keeps_reading_until_its_file_is_removed(model_dir, tmp_path, start_sim):
-    # 32 MiB at 64 MiB/s would be read in half a second: the hold keeps it loading, with real reads.
+def test_a_held_load_pauses_before_its_last_shard_until_its_file_is_removed(model_dir, tmp_path, start_sim):
+    # 32 MiB at 64 MiB/s would be read in half a second: the hold keeps it loading, with nothing moving.
     hold = tmp_path / "hold"
     hold.write_text("")
     sim = start_sim("sglang", model_dir, "--tp", "2", "--hold-load", str(hold))
-    sim.wait_log("Load weight begin.")
-    time.sleep(2.0)
+    sim.wait_log("Completed | 7/8")
+    time.sleep(1.0)
+    pids = [sim.proc.pid] + sim.tree()
+    ticks, size = cpu_ticks(pids), len(sim.log())
     reads = sum(proc_field(p, "read_bytes") for p in sim.tree())
     time.sleep(1.5)
-    assert sum(proc_field(p, "read_bytes") for p in sim.tree()) > reads + 8 * 1024 * 1024
-    log = sim.log()
-    assert "Completed | 7/8" in log and "8/8" not in log and "Load weight end" not in log
+    assert sum(proc_field(p, "read_bytes") for p in sim.tree()) == reads
+    assert cpu_ticks(pids) - ticks <= 5 and len(sim.log()) == size
+    assert "8/8" not in sim.log() and "Load weight end" not in sim.log()
     hold.unlink()
     sim.wait_log("Load weight end.")
     assert "Completed | 8/8" in sim.log()

@@ -91,9 +91,8 @@ def build_parser():
                        help="seconds into PHASE before the fault fires (default 0; at the latest at the "
                             "phase's end)")
     serve.add_argument("--hold-load", default=None, metavar="FILE",
-                       help="while FILE exists the load does not end: each rank re-reads its slice of the "
-                            "last shard at the load rate (a slow disk, not a hang); tests hold a start in "
-                            "'loading' with it and release it by removing FILE")
+                       help="while FILE exists the load pauses before its last shard (no reads, no CPU, no "
+                            "output); tests hold a start in 'loading' with it and release it by removing FILE")
     serve.add_argument("--survive-parent-kill", action="store_true",
                        help="ranks keep running when the API process is SIGKILLed (vLLM's orphans, #55510)")
     return parser

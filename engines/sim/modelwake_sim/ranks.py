@@ -180,9 +180,10 @@ class Rank:
         buf = bytearray(CHUNK)
         if show_bar and not opts.quiet_load:
             self.log.progress(logs.format_tqdm(desc, 0, len(shards), 0.0))
-        last = len(shards) - 1
         for index, path in enumerate(shards):
             self.check_fault("loading", started)
+            if index == len(shards) - 1:
+                self.wait_while_held()
             try:
                 with open(path, "rb") as fileobj:
                     size = os.fstat(fileobj.fileno()).st_size
@@ -191,31 +192,26 @@ class Rank:
                     lo = data_start + length * self.rank // opts.tp
                     hi = data_start + length * (self.rank + 1) // opts.tp
                     fd = fileobj.fileno()
-                    while True:
-                        # Drop this slice from the page cache so the read reaches the disk and
-                        # read_bytes grows, as with a cold 548 GB model.
-                        os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
-                        offset = lo
-                        while offset < hi:
-                            want = min(CHUNK, hi - offset)
-                            got = os.preadv(fd, [memoryview(buf)[:want]], offset)
-                            if got <= 0:
-                                break
-                            offset += got
-                            done_bytes += got
-                            # Pace to the configured rate: the sleep is what makes a slow disk.
-                            ahead = started + done_bytes / rate - time.monotonic()
-                            if ahead > 0:
-                                time.sleep(ahead)
-                            fraction = (index + (offset - lo) / max(1, hi - lo)) / len(shards)
-                            # max(): a held load's passes over the last shard leave the memory flat.
-                            self.gpu(memory_mib=max(self.memory, CONTEXT_MIB + (target - CONTEXT_MIB) * fraction),
-                                     util=2)
-                            self.check_fault("loading", started)
-                            if self.parent_gone():
-                                os._exit(1)
-                        if index != last or not self.load_held():
+                    # Drop this slice from the page cache so the read reaches the disk and
+                    # read_bytes grows, as with a cold 548 GB model.
+                    os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
+                    offset = lo
+                    while offset < hi:
+                        want = min(CHUNK, hi - offset)
+                        got = os.preadv(fd, [memoryview(buf)[:want]], offset)
+                        if got <= 0:
                             break
+                        offset += got
+                        done_bytes += got
+                        # Pace to the configured rate: the sleep is what makes a slow disk.
+                        ahead = started + done_bytes / rate - time.monotonic()
+                        if ahead > 0:
+                            time.sleep(ahead)
+                        fraction = (index + (offset - lo) / max(1, hi - lo)) / len(shards)
+                        self.gpu(memory_mib=CONTEXT_MIB + (target - CONTEXT_MIB) * fraction, util=2)
+                        self.check_fault("loading", started)
+                        if self.parent_gone():
+                            os._exit(1)
             except safetensors.SafetensorError as exc:
                 site = "/opt/modelwake/venv/lib/python3.11/site-packages/"
                 loader = "vllm/model_executor" if self.log.engine == logs.VLLM else "sglang/srt"
@@ -232,12 +228,16 @@ class Rank:
         self.check_fault("loading", started, phase_over=True)
         return time.monotonic() - started
 
-    def load_held(self):
-        """--hold-load FILE: while FILE exists the load does not end. The rank reads its slice of
-        the last shard again and again at the load rate (real reads, as from a slow disk: the
-        watcher sees progress, never a hang), so a test can keep a start in `loading` for as long
-        as it needs, whatever this machine's speed, and let it go by removing the file."""
-        return bool(self.opts.hold_load) and os.path.exists(self.opts.hold_load)
+    def wait_while_held(self):
+        """--hold-load FILE: while FILE exists the load pauses before its last shard (no reads, no
+        CPU, no output: a stuck read, to a watcher no progress), so a test can keep a start in
+        `loading` for as long as it needs, whatever this machine's speed, and let it go by removing
+        the file. The test releases it within the watcher's stall_timeout."""
+        hold = self.opts.hold_load
+        while hold and os.path.exists(hold):
+            if self.parent_gone():
+                os._exit(1)
+            time.sleep(0.2)
 
     # --- serving ------------------------------------------------------------------------------
     def serve(self, warmup=None):
