@@ -23,9 +23,9 @@ import sys
 from typing import Dict, List, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "module_utils"))
+sys.path.insert(0, ROOT)  # the checkout is the modelwake.serving collection
 
-from modelwake import classifier, engines  # noqa: E402  (the module's own phase names and log markers)
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness import classifier, engines  # noqa: E402  (the module's own phase names and log markers)
 
 MIB = 1024.0 * 1024.0
 PHASE_COLOURS = {

@@ -8,7 +8,7 @@ from ansible.errors import AnsibleError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPEC = importlib.util.spec_from_file_location(
-    "wait_for_model_ready_action", os.path.join(ROOT, "action_plugins", "wait_for_model_ready.py"))
+    "wait_for_model_ready_action", os.path.join(ROOT, "plugins", "action", "wait_for_model_ready.py"))
 action = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(action)
 

@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from modelwake import holders, modeldir
-from modelwake.errors import InputError
-from modelwake.gpu import GpuReader
+from ansible_collections.modelwake.serving.plugins.module_utils.preflight import holders, modeldir
+from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import InputError
+from ansible_collections.modelwake.serving.plugins.module_utils.host.gpu import GpuReader
 
 FAKES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fakes")
 MIB = 1024 * 1024

@@ -7,12 +7,12 @@ import uuid
 
 import pytest
 
-from modelwake.classifier import Verdict
-from modelwake.errors import ModelWakeError
-from modelwake.launcher import (API_KEY_ENV, Reporter, build_launch_config, engine_environment, format_duration,
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Verdict
+from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import ModelWakeError
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch import (API_KEY_ENV, Reporter, build_launch_config, engine_environment, format_duration,
                                 format_status, marker_summary, parse_args, prometheus_text, write_textfile)
-from modelwake.notify import Notifier
-from modelwake.waiter import wait_for_ready
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.notify import Notifier
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.waiter import wait_for_ready
 
 from test_waiter import FakeClock, ReplayProbe
 from traces import K26_EXPECTED_BYTES, MIB, config, http, k26_start

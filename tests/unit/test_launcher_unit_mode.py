@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from modelwake import procfs, systemd
-from modelwake.classifier import status_phase
-from modelwake.probe import HostProbe
+from ansible_collections.modelwake.serving.plugins.module_utils.host import procfs, systemd
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import status_phase
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.probe import HostProbe
 
 from loopback import closed_port
 from test_probe import fake_nvml  # noqa: F401 (pytest fixture)

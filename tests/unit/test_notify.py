@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from modelwake.notify import Notifier, NotifyError, one_line, socket_address, watchdog_interval
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.notify import Notifier, NotifyError, one_line, socket_address, watchdog_interval
 
 
 def receive(sock):

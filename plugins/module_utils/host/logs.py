@@ -13,7 +13,7 @@ import os
 import re
 import time
 
-from .command import run_command
+from ..common.command import run_command
 
 LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 # How much of an existing log file to read on the first look: enough for the current run's

@@ -42,7 +42,7 @@ notes:
 
 EXAMPLES = r"""
 - name: Check whether sglang-k26 runs from older files than those on disk
-  model_service_restart_pending:
+  modelwake.serving.model_service_restart_pending:
     unit: sglang-k26.service
     paths:
       - /etc/systemd/system/sglang-k26.service
@@ -86,7 +86,7 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.modelwake.systemd import is_running, parse_show
+from ansible_collections.modelwake.serving.plugins.module_utils.host.systemd import is_running, parse_show
 
 PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "NeedDaemonReload", "InvocationID",
               "ExecMainStartTimestampMonotonic")

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 from urllib.parse import urlparse
 
-from .errors import InputError
+from ..common.errors import InputError
 
 ENGINES = ("sglang", "vllm", "auto")
 READY_CHECKS = ("completion", "health", "models")

@@ -8,7 +8,7 @@ import json
 import os
 import re
 
-from .errors import ModelWakeError
+from ..common.errors import ModelWakeError
 
 # compressed-tensors `CompressionFormat` values and the first release that has each member
 # (engines.md section 3.1, computed from the project's git tags).

@@ -11,8 +11,8 @@ unit from the stop list is foreign, and the preflight fails rather than touch it
 import os
 import pwd
 
-from . import procfs
-from .gpu import GpuReader
+from ..host import procfs
+from ..host.gpu import GpuReader
 
 MIB = 1024 * 1024
 OWN = "own"

@@ -12,7 +12,7 @@ def main(argv):
     if argv[:1] != ["launch"]:
         sys.stderr.write(USAGE + "\n")
         return 2
-    from .launcher import main as launch  # only what the command needs is imported
+    from .launcher.launch import main as launch  # only what the command needs is imported
 
     return launch(argv[1:])
 

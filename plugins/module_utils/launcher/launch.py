@@ -26,14 +26,15 @@ import sys
 import threading
 import time
 
-from . import engines, procfs
-from .classifier import FAILED, LOADING, NOT_STARTED, PHASES, READY, STALLED, TERMINAL, TIMEOUT, Verdict
-from .config import build_config
-from .errors import ModelWakeError
-from .logs import split_records
+from ..host import procfs
+from ..readiness import engines
+from ..readiness.classifier import FAILED, LOADING, NOT_STARTED, PHASES, READY, STALLED, TERMINAL, TIMEOUT, Verdict
+from ..readiness.config import build_config
+from ..common.errors import ModelWakeError
+from ..host.logs import split_records
 from .notify import NotifyError, Notifier, one_line, watchdog_interval
-from .probe import HostProbe
-from .waiter import wait_for_ready
+from ..readiness.probe import HostProbe
+from ..readiness.waiter import wait_for_ready
 
 EXIT_USAGE = 2  # bad options: nothing was started (argparse uses 2 too)
 EXIT_FAILED = 3  # the engine crashed before it was ready

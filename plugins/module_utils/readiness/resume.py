@@ -14,7 +14,7 @@ import tempfile
 import time
 
 from .config import build_config
-from .errors import ModelWakeError
+from ..common.errors import ModelWakeError
 from .probe import HostProbe
 from .waiter import new_wait_state, wait_for_ready
 

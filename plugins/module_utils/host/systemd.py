@@ -1,7 +1,7 @@
 """The state of a systemd unit, from `systemctl show`."""
 import re
 
-from .command import run_command
+from ..common.command import run_command
 
 PROPERTIES = ("ActiveState", "SubState", "MainPID", "NRestarts", "ExecMainStatus", "ExecMainCode",
               "Result", "StatusText", "Type", "LoadState", "InvocationID", "ControlGroup")

@@ -25,7 +25,8 @@ import dataclasses
 from typing import Any, Dict, List, Optional
 from urllib.parse import urlparse
 
-from . import engines, http_probe
+from ..host import http_probe
+from . import engines
 
 NOT_STARTED = "not_started"
 STARTING = "starting"

@@ -1,9 +1,9 @@
 """HostProbe: gathers one Snapshot from the host (processes, unit, GPUs, logs, HTTP)."""
-from . import http_probe, procfs, systemd
-from .command import run_command
-from .errors import InputError
-from .gpu import GpuReader
-from .logs import FileTailer, JournalReader
+from ..host import http_probe, procfs, systemd
+from ..common.command import run_command
+from ..common.errors import InputError
+from ..host.gpu import GpuReader
+from ..host.logs import FileTailer, JournalReader
 from .snapshot import Snapshot
 
 

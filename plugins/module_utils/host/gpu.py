@@ -4,7 +4,7 @@ NVML is used when `pynvml` imports and initialises; otherwise `nvidia-smi` answe
 questions; with neither (no GPU at all, which is normal for tests and CPU engines) the lists are
 empty. Memory is reported in MiB; utilisation in percent, or None when the driver does not know.
 """
-from .command import run_command
+from ..common.command import run_command
 
 MIB = 1024 * 1024
 

@@ -8,7 +8,7 @@ import json
 import os
 import time
 
-from .errors import InputError
+from ..common.errors import InputError
 
 MIB = 1024 * 1024
 INDEX_NAME = "model.safetensors.index.json"
