@@ -1,4 +1,5 @@
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# Copyright: (c) modelwake contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Action plugin for wait_for_model_ready: live progress on the controller while it waits.
 
 A module cannot print while it runs: Ansible shows its result when it ends, so a 20-minute start

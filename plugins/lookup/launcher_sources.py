@@ -1,10 +1,11 @@
+# Copyright: (c) modelwake contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The module_utils files the Type=notify launcher imports: what the model_service role installs."""
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 name: launcher_sources
-author: modelwake
+author: modelwake contributors (@modelwake)
 version_added: "1.0.0"
 short_description: The collection's module_utils files a host-side entry point imports
 description:

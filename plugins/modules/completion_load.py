@@ -1,17 +1,10 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
+# Copyright: (c) modelwake contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Ansible module: concurrent completions against a loopback OpenAI-compatible server, per level."""
 from __future__ import absolute_import, division, print_function
 
-import json
-import math
-import threading
-import time
-
-# Standard library only: it runs on the managed host's Python 3.9+.
-from urllib import error as urlerror
-from urllib import parse as urlparse
-from urllib import request as urlrequest
+__metaclass__ = type
 
 DOCUMENTATION = r"""
 ---
@@ -61,7 +54,7 @@ options:
     description: Seconds one request may take before it counts as an error.
     type: float
     default: 60
-author: modelwake
+author: modelwake contributors (@modelwake)
 """
 
 EXAMPLES = r"""
@@ -93,6 +86,16 @@ elapsed:
   returned: always
   type: int
 """
+
+import json
+import math
+import threading
+import time
+from urllib import parse as urlparse
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.modelwake.serving.plugins.module_utils.host import http_probe
+
 
 LOOPBACK = ("127.", "localhost", "::1", "[::1]")
 
@@ -126,21 +129,26 @@ def check_params(params):
             raise LoadError("%s must be more than 0 seconds, got %r" % (name, params[name]))
 
 
+class RequestFailed(Exception):
+    """No 200 answer: refused, timed out, or an HTTP error code (`HTTP Error 404: ...`)."""
+
+
 def _call(url, path, api_key, payload=None, timeout=30.0):
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = "Bearer " + api_key
-    data = None if payload is None else json.dumps(payload).encode("utf-8")
-    req = urlrequest.Request(url.rstrip("/") + path, data=data, headers=headers)
-    with urlrequest.urlopen(req, timeout=timeout) as response:
-        return json.loads(response.read().decode("utf-8"))
+    """The JSON of a 200 answer (readiness's HTTP code: no proxy, the key only in the header)."""
+    result = http_probe.request(url.rstrip("/") + path, method="GET" if payload is None else "POST", body=payload,
+                                api_key=api_key, timeout=timeout)
+    if result["kind"] != "status":
+        raise RequestFailed(http_probe.describe(result))
+    if result["code"] != 200:
+        raise RequestFailed("HTTP Error %d: %s" % (result["code"], (result["body"] or "")[:200]))
+    return json.loads(result["body"])
 
 
 def first_model(url, api_key, timeout):
     try:
         models = _call(url, "/v1/models", api_key, timeout=timeout)
         return models["data"][0]["id"]
-    except (urlerror.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+    except (RequestFailed, ValueError, KeyError, IndexError, TypeError) as exc:
         raise LoadError("model is empty and %s/v1/models gave no model id (%s): set model" % (url, exc))
 
 
@@ -166,7 +174,7 @@ def run_level(url, model, api_key, concurrency, requests, max_tokens, prompt, le
                 answer = _call(url, "/v1/completions", api_key, payload,
                                timeout=request_timeout)
                 count = int(answer["usage"]["completion_tokens"])
-            except (urlerror.URLError, OSError, ValueError, KeyError, TypeError) as exc:
+            except (RequestFailed, ValueError, KeyError, TypeError) as exc:
                 with lock:
                     errors.append("%s: %s" % (type(exc).__name__, exc))
                 continue
@@ -174,7 +182,7 @@ def run_level(url, model, api_key, concurrency, requests, max_tokens, prompt, le
                 latencies.append(clock() - sent)
                 tokens.append(count)
 
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    threads = [threading.Thread(target=worker) for dummy in range(concurrency)]
     for thread in threads:
         thread.daemon = True
         thread.start()
@@ -208,7 +216,7 @@ ARGUMENT_SPEC = dict(
     api_key=dict(type="str", no_log=True),
     levels=dict(type="list", elements="int", default=[1, 2, 4, 8, 16, 32]),
     requests_per_level=dict(type="int", default=64),
-    max_tokens=dict(type="int", default=64),
+    max_tokens=dict(type="int", default=64, no_log=False),
     prompt=dict(type="str", default="Describe what a model server does while it loads its weights."),
     level_timeout=dict(type="float", default=120),
     request_timeout=dict(type="float", default=60),
@@ -216,8 +224,6 @@ ARGUMENT_SPEC = dict(
 
 
 def main():
-    from ansible.module_utils.basic import AnsibleModule
-
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     start = time.monotonic()
     try:

@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: (c) modelwake contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Derive the compressed-tensors release a model needs from its config.json."""
 from __future__ import absolute_import, division, print_function
 
@@ -25,7 +27,7 @@ options:
     description: Explicit compressed-tensors version to install (the role's C(inference_env_compressed_tensors_version)).
     type: str
     default: ""
-author: modelwake
+author: modelwake contributors (@modelwake)
 notes:
   - Supports check mode; it never changes anything.
 """

@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: (c) modelwake contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Read the GPUs and the processes holding them, and say which may be stopped (GPU preflight)."""
 from __future__ import absolute_import, division, print_function
 
@@ -43,7 +45,7 @@ options:
     description: Size of the model's weights, for the default of I(min_free_mib).
     type: int
     default: 0
-author: modelwake
+author: modelwake contributors (@modelwake)
 notes:
   - Supports check mode; it never changes anything.
 """

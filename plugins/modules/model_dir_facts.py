@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: (c) modelwake contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Check a model directory and measure how fast this host reads it (GPU preflight)."""
 from __future__ import absolute_import, division, print_function
 
@@ -25,7 +27,7 @@ options:
     description: MiB of one shard to read for the rate measurement; 0 skips it.
     type: int
     default: 256
-author: modelwake
+author: modelwake contributors (@modelwake)
 notes:
   - Supports check mode; it never changes anything.
 """

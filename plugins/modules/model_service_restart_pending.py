@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: (c) modelwake contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Say whether a running model service is older than the files it runs from (a restart still pending)."""
 from __future__ import absolute_import, division, print_function
 
@@ -21,7 +23,7 @@ description:
     clock stepped after the start (NTP at boot) does not move it. A path modified in the future
     (a clock stepped back since it was written) is ignored and reported, never a reason for a
     restart, which it would otherwise ask for on every run.
-  - A unit that is down or not installed is never pending: a start reads the current files anyway.
+  - "A unit that is down or not installed is never pending: a start reads the current files anyway."
   - Never changes anything.
 options:
   unit:
@@ -35,7 +37,7 @@ options:
     type: list
     elements: str
     required: true
-author: modelwake
+author: modelwake contributors (@modelwake)
 notes:
   - Supports check mode; it never changes anything.
 """

@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: (c) modelwake contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Send one completion to a ready model server and report its answer and latency."""
 from __future__ import absolute_import, division, print_function
 
@@ -38,7 +40,7 @@ options:
     description: Seconds the completion may take.
     type: int
     default: 120
-author: modelwake
+author: modelwake contributors (@modelwake)
 notes:
   - Supports check mode (a completion changes nothing); it always reports C(changed=false).
 """
@@ -85,7 +87,7 @@ def main():
             "url": {"type": "str", "required": True},
             "model": {"type": "str", "required": True},
             "prompt": {"type": "str", "default": "2+2="},
-            "max_tokens": {"type": "int", "default": 4},
+            "max_tokens": {"type": "int", "default": 4, "no_log": False},
             "api_key": {"type": "str", "no_log": True},
             "timeout": {"type": "int", "default": 120},
         },

@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: (c) modelwake contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Install one requirement into a venv, verify it, and roll back exactly on failure."""
 from __future__ import absolute_import, division, print_function
 
@@ -77,7 +79,7 @@ options:
     default: ""
   no_deps:
     description:
-      - Pass C(--no-deps): install exactly what is named (the requirement and I(requirements)), resolving nothing.
+      - Pass C(--no-deps) to install exactly what is named (the requirement and I(requirements)), resolving nothing.
       - For a complete lock whose packages declare dependencies deliberately left out (vLLM's CPU build
         declares torchvision, which breaks transformers against CPU torch).
     type: bool
@@ -86,7 +88,7 @@ options:
     description: Run C(pip check) after a successful install and report its lines as warnings.
     type: bool
     default: true
-author: modelwake
+author: modelwake contributors (@modelwake)
 notes:
   - Supports check mode.
 """

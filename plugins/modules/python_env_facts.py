@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: (c) modelwake contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Report the state of a Python virtual environment: present, pip, ensurepip, installed packages."""
 from __future__ import absolute_import, division, print_function
 
@@ -19,7 +21,7 @@ options:
     description: Absolute path of the virtual environment.
     type: path
     required: true
-author: modelwake
+author: modelwake contributors (@modelwake)
 notes:
   - Supports check mode; it never changes anything.
 """

@@ -1,6 +1,6 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# Copyright: (c) modelwake contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Ansible module: wait until a starting LLM inference server is ready, from evidence."""
 
 from __future__ import absolute_import, division, print_function
@@ -22,8 +22,7 @@ description:
     I(stall_timeout) passes with no progress on any signal; a crash is reported within one poll.
   - Runs on the managed host with the Python standard library alone; C(pynvml) is used when present.
 version_added: "1.0.0"
-author:
-  - modelwake contributors
+author: modelwake contributors (@modelwake)
 options:
   url:
     description:
@@ -119,6 +118,19 @@ options:
     description:
       - A file on the host to which one JSON line per look is appended (the snapshot and the verdict).
     type: path
+  _resume:
+    description:
+      - Internal; set only by this module's action plugin, which waits in slices to print progress
+        between them. Never set it in a task.
+    type: dict
+    suboptions:
+      slice:
+        description: Seconds this call observes before it returns.
+        type: float
+        required: true
+      state_path:
+        description: The wait's state file on the host, from the previous slice; none for the first.
+        type: path
 notes:
   - Supports check mode. The module only observes, so it runs normally in check mode.
   - The task fails unless the phase is C(ready); with I(timeout=0) it never fails on the phase.
@@ -131,8 +143,10 @@ seealso:
   - module: ansible.builtin.uri
 attributes:
   check_mode:
+    description: It only observes, so it runs as usual in check mode.
     support: full
   diff_mode:
+    description: Nothing to compare, it changes nothing.
     support: none
 """
 
@@ -278,9 +292,8 @@ ARGUMENT_SPEC = dict(
     progress_path=dict(type="path"),
 )
 
-# Set only by the action plugin of the same name (action_plugins/wait_for_model_ready.py), which
+# Set only by the action plugin of the same name (plugins/action/wait_for_model_ready.py), which
 # waits in slices to print progress between them: {"slice": seconds, "state_path": path or None}.
-# Internal, so not in DOCUMENTATION.
 INTERNAL_ARGUMENT_SPEC = dict(
     _resume=dict(type="dict", options=dict(slice=dict(type="float", required=True),
                                            state_path=dict(type="path"))),

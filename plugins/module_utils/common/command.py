@@ -14,7 +14,7 @@ def run_command(argv, timeout=30):
     env = dict(os.environ, LC_ALL="C", SYSTEMD_COLORS="0", SYSTEMD_PAGER="")
     try:
         proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                              timeout=timeout, universal_newlines=True, errors="replace")
+                              timeout=timeout, universal_newlines=True, errors="replace", check=False)
     except subprocess.TimeoutExpired:
         return 124, "", "%s: timed out after %s s" % (argv[0], timeout)
     return proc.returncode, proc.stdout, proc.stderr

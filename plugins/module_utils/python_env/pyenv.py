@@ -342,7 +342,8 @@ def install_transaction(run, venv, name, op, version, source_args, constraints_f
     if problem is None and verify_module:
         problem = verify(run, venv, verify_module, verify_attribute, verify_values)
     if problem is None:
-        return {"changed": False, "action": "none", "before": installed, "after": installed, "diff": {}, "msg": "%s %s already satisfies %s" % (name, installed, spec)}
+        return {"changed": False, "action": "none", "before": installed, "after": installed, "diff": {},
+                "msg": "%s %s already satisfies %s" % (name, installed, spec)}
     if check_mode:
         return {"changed": True, "action": "install", "before": installed, "after": None, "diff": {}, "msg": "would install %s (%s)" % (spec, problem)}
     if before_install is not None:

@@ -117,5 +117,3 @@ class HostProbe(object):
             listeners = procfs.listening_socket_owners(cfg.port(), self.proc_root)
         return Snapshot(t=t, process=process, unit=unit, gpus=gpus, log_lines=new_lines,
                         log_context=context, http=http, listeners=listeners, errors=errors)
-
-
