@@ -21,6 +21,7 @@ from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 from ansible.utils.vars import merge_hash
+from ansible_collections.modelwake.serving.plugins.module_utils.common.formatting import MIB, duration, size
 
 display = Display()
 
@@ -30,22 +31,6 @@ display = Display()
 # at 25 s, on top of the looks).
 DEFAULT_PROGRESS_INTERVAL = 25
 INTERVAL_VAR = "modelwake_progress_interval"
-GIB = 1024.0 ** 3
-MIB = 1024.0 ** 2
-
-
-def duration(seconds):
-    """Compact human time: 45s, 3m05s, 1h02m."""
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return "%ds" % seconds
-    if seconds < 3600:
-        return "%dm%02ds" % divmod(seconds, 60)
-    return "%dh%02dm" % (seconds // 3600, seconds % 3600 // 60)
-
-
-def size(value):
-    return "%.1f GiB" % (value / GIB) if value >= GIB else "%.1f MiB" % (value / MIB)
 
 
 def progress_line(host, result, info):

@@ -94,7 +94,8 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import InputError
-from ansible_collections.modelwake.serving.plugins.module_utils.preflight.modeldir import MIB, format_duration, inspect, measure_read_rate, problems
+from ansible_collections.modelwake.serving.plugins.module_utils.common.formatting import duration
+from ansible_collections.modelwake.serving.plugins.module_utils.preflight.modeldir import MIB, inspect, measure_read_rate, problems
 
 
 def main():
@@ -124,7 +125,7 @@ def main():
         if done:
             result.update(read_bytes=done, read_seconds=round(seconds, 3), read_rate_mib=round(rate, 1),
                           expected_load_seconds=round(found["total_bytes"] / (rate * MIB), 1),
-                          expected_load=format_duration(found["total_bytes"] / (rate * MIB)))
+                          expected_load=duration(found["total_bytes"] / (rate * MIB)))
     module.exit_json(changed=False, **result)
 
 

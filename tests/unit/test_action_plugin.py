@@ -44,11 +44,6 @@ def test_what_is_unknown_is_left_out():
     assert "| read 5.0 MiB | GPU x8 240.0 GiB | log:" in line
 
 
-@pytest.mark.parametrize("seconds,text", [(0, "0s"), (59.4, "59s"), (60, "1m00s"), (905, "15m05s"), (7260, "2h01m")])
-def test_durations(seconds, text):
-    assert action.duration(seconds) == text
-
-
 @pytest.mark.parametrize("value,interval", [(None, 25), ("5", 5.0), (2.5, 2.5), (0, 0.0)])
 def test_progress_interval(value, interval):
     assert action.progress_interval(value) == interval

@@ -197,6 +197,3 @@ def test_read_rate_with_an_injected_clock(tmp_path):
     assert (done, seconds, rate) == (2 * MIB, 2.0, 1.0)
 
 
-@pytest.mark.parametrize("seconds,text", [(42, "42s"), (965, "16m05s"), (5400, "1h30m")])
-def test_format_duration(seconds, text):
-    assert modeldir.format_duration(seconds) == text

@@ -2,6 +2,7 @@
 import re
 
 from ..common.command import run_command
+from ..common.errors import ModelWakeError
 
 PROPERTIES = ("ActiveState", "SubState", "MainPID", "NRestarts", "ExecMainStatus", "ExecMainCode",
               "Result", "StatusText", "Type", "LoadState", "InvocationID", "ControlGroup")
@@ -17,7 +18,7 @@ def is_launcher(cmdline):
     return bool(LAUNCHER.search(cmdline or ""))
 
 
-class SystemdError(Exception):
+class SystemdError(ModelWakeError):
     """systemctl is missing or did not answer."""
 
 

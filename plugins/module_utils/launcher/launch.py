@@ -19,7 +19,6 @@ import collections
 import dataclasses
 import os
 import queue
-import re
 import signal
 import subprocess
 import sys
@@ -28,11 +27,13 @@ import time
 
 from ..host import procfs
 from ..readiness import engines
-from ..readiness.classifier import FAILED, LOADING, NOT_STARTED, PHASES, READY, STALLED, TERMINAL, TIMEOUT, Verdict
+from ..readiness.classifier import Verdict
+from ..readiness.phases import FAILED, NOT_STARTED, PHASES, READY, STALLED, TERMINAL, TIMEOUT
 from ..readiness.config import build_config
 from ..common.errors import ModelWakeError
 from ..host.logs import split_records
-from .notify import NotifyError, Notifier, one_line, watchdog_interval
+from ..readiness.status import format_status, one_line
+from .notify import Notifier, watchdog_interval
 from ..readiness.probe import HostProbe
 from ..readiness.waiter import wait_for_ready
 
@@ -51,70 +52,11 @@ STATUS_EVERY = 30.0  # seconds: systemd shows how current a status is only by re
 TAIL_LINES = 200
 # How long a read of the output waits for the rest of a dead engine's output (its traceback).
 EOF_WAIT = 2.0
-MIB = 1024.0 * 1024.0
 LOG_PREFIX = "modelwake: "
-# Engine log prefixes that say nothing in a one-line status: `[2026-05-25 19:06:14 TP0] `,
-# `(EngineCore pid=7) INFO 11-30 12:00:01 [gpu_model_runner.py:1234] `, uvicorn's `INFO:     `.
-LINE_PREFIX = re.compile(r"^(?:\s*(?:\[[^\]]*\]|\([^)]*\)|(?:INFO|WARNING|DEBUG):?|\d\d-\d\d|\d\d:\d\d:\d\d(?:\.\d+)?))+\s*")
-SUMMARY_CHARS = 60
-STATUS_CHARS = 200
 
 
 class StopRequested(Exception):
     """SIGTERM or SIGINT arrived: stop the engine and end cleanly."""
-
-
-# -- status text -------------------------------------------------------------------------
-def format_duration(seconds):
-    """`45s`, `6m12s`, `1h02m`: short enough for a status line, precise enough for an ETA."""
-    seconds = int(round(max(0.0, seconds)))
-    if seconds < 60:
-        return "%ds" % seconds
-    if seconds < 3600:
-        return "%dm%02ds" % (seconds // 60, seconds % 60)
-    return "%dh%02dm" % (seconds // 3600, (seconds % 3600) // 60)
-
-
-def format_bytes(count):
-    if count >= 1024 * MIB:
-        return "%.1f GiB" % (count / (1024 * MIB))
-    return "%d MiB" % round(count / MIB)
-
-
-def marker_summary(line):
-    """The gist of a log marker: its text without timestamps and ranks, first sentence, short."""
-    text = LINE_PREFIX.sub("", line or "").strip()
-    text = text.split(". ")[0].rstrip(".").strip()
-    text = re.sub(r"\s+\([^)]*\)?$", "", text)  # uvicorn's "(Press CTRL+C to quit)" and the like
-    if len(text) > SUMMARY_CHARS:
-        text = text[:SUMMARY_CHARS - 3].rstrip() + "..."
-    return text
-
-
-def format_status(verdict, elapsed):
-    """The STATUS= text for a verdict: what `systemctl status` shows under the unit's state."""
-    phase = verdict.phase
-    if phase == READY:
-        return "ready in %s" % format_duration(elapsed)
-    if phase in TERMINAL:
-        return one_line(verdict.msg)[:STATUS_CHARS]
-    if phase == NOT_STARTED:
-        return "starting the engine"
-    since = " (since %s)" % format_duration(verdict.since)
-    if phase == LOADING:
-        head = "loading" if verdict.fraction is None else "loading %d%%" % int(verdict.fraction * 100)
-        parts = []
-        if verdict.shards:
-            parts.append("%d/%d shards" % tuple(verdict.shards))
-        elif verdict.bytes_read:
-            parts.append("%s read" % format_bytes(verdict.bytes_read))
-        if verdict.read_rate:
-            parts.append("%s/s" % format_bytes(verdict.read_rate))
-        if verdict.eta is not None:
-            parts.append("ETA %s" % format_duration(verdict.eta))
-        return head + (" (%s)" % ", ".join(parts) if parts else since)
-    what = marker_summary(verdict.evidence[0]) if verdict.evidence else ""
-    return phase + (": " + what if what else "") + since
 
 
 # -- Prometheus textfile -----------------------------------------------------------------
@@ -479,7 +421,7 @@ class Launcher(object):
         try:
             notifier = Notifier(self.environ)
             config = build_launch_config(options, self.environ)
-        except (ModelWakeError, NotifyError) as exc:
+        except ModelWakeError as exc:  # bad options, or a NOTIFY_SOCKET it cannot use
             self.log("error: %s" % exc)
             return EXIT_USAGE
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

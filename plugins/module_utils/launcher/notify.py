@@ -8,8 +8,11 @@ the variable is unset and every send is a no-op, so the launcher runs the same w
 import os
 import socket
 
+from ..common.errors import ModelWakeError
+from ..readiness.status import one_line
 
-class NotifyError(Exception):
+
+class NotifyError(ModelWakeError):
     """$NOTIFY_SOCKET names a socket this code cannot use (not a unix socket address)."""
 
 
@@ -21,11 +24,6 @@ def socket_address(value):
         return value
     # systemd 254+ also knows "vsock:CID:PORT" (for VMs): never the case for a host service.
     raise NotifyError("NOTIFY_SOCKET=%r is neither an absolute path nor an abstract '@' name" % value)
-
-
-def one_line(text):
-    """A STATUS value: a newline would end the field and start an unknown key."""
-    return " ".join(str(text).split())
 
 
 class Notifier(object):

@@ -104,12 +104,3 @@ def measure_read_rate(file_path, sample_bytes, clock=time.monotonic, chunk=4 * M
     finally:
         os.close(fd)
     return done, seconds, done / float(MIB) / seconds
-
-
-def format_duration(seconds):
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return "%ds" % seconds
-    if seconds < 3600:
-        return "%dm%02ds" % (seconds // 60, seconds % 60)
-    return "%dh%02dm" % (seconds // 3600, (seconds % 3600) // 60)

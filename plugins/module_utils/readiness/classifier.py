@@ -25,23 +25,14 @@ import dataclasses
 from typing import Any, Dict, List, Optional
 from urllib.parse import urlparse
 
+from ..common.formatting import mib as _mib
 from ..host import http_probe
 from . import engines
-
-NOT_STARTED = "not_started"
-STARTING = "starting"
-LOADING = "loading"
-INITIALIZING = "initializing"
-READY = "ready"
-FAILED = "failed"
-STALLED = "stalled"
-TIMEOUT = "timeout"
-PHASES = (NOT_STARTED, STARTING, LOADING, INITIALIZING, READY)
-TERMINAL = (FAILED, STALLED, TIMEOUT)
+from .phases import FAILED, INITIALIZING, LOADING, NOT_STARTED, PHASES, READY, STALLED, STARTING, TIMEOUT
+from .status import status_phase
 
 TAIL_LINES = 200
 RATE_WINDOW = 60.0
-MIB = 1024.0 * 1024.0
 
 
 @dataclasses.dataclass
@@ -73,22 +64,6 @@ def _rank(phase):
 
 def _later(a, b):
     return a if _rank(a) >= _rank(b) else b
-
-
-def _mib(value):
-    return "%.1f MiB" % (value / MIB)
-
-
-# Phases a Type=notify launcher's STATUS= may open with (`loading 45% (29/64 shards, ...)`). Its
-# ready and terminal words are not taken from it: the ready check and the unit's state decide those.
-STATUS_PHASES = (STARTING, LOADING, INITIALIZING)
-
-
-def status_phase(status_text):
-    """The phase a unit's StatusText names, or None (another service's text, or none)."""
-    words = (status_text or "").split(None, 1)
-    word = words[0].rstrip(":") if words else ""
-    return word if word in STATUS_PHASES else None
 
 
 STATE_WORDS = {"T": "stopped", "t": "stopped by a tracer", "D": "in uninterruptible disk sleep", "Z": "a zombie"}

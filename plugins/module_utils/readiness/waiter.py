@@ -6,7 +6,8 @@ Clock and sleep are injected (time.monotonic / time.sleep by default), so tests 
 import json
 import time
 
-from .classifier import READY, Classifier
+from .classifier import Classifier
+from .phases import READY
 
 
 def new_wait_state(start):
