@@ -21,6 +21,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 import launcher_package
 from ansible_collections.modelwake.serving.plugins.lookup.launcher_sources import closure
@@ -133,3 +134,30 @@ def test_what_runs_on_managed_hosts_parses_as_python_3_9():
     for path in files:
         with open(path) as handle:
             ast.parse(handle.read(), path, feature_version=(3, 9))
+
+
+def role_files():
+    return sorted(p for p in glob.glob(os.path.join(ROOT, "roles", "*", "**", "*"), recursive=True)
+                  if os.path.isfile(p) and p.endswith((".yml", ".j2")))
+
+
+@pytest.mark.parametrize("path", role_files(), ids=lambda p: os.path.relpath(p, ROOT))
+def test_roles_reach_nothing_outside_themselves_or_the_collection(path):
+    # No path arithmetic out of the role (role_path ~ '/../..'), no playbook's or inventory's
+    # directory, no test settings from the environment (the tests' cache): those belong to the
+    # inventories that need them (inventories/demo, the Molecule scenarios, the tests' own).
+    with open(path) as handle:
+        text = handle.read()
+    for needle in ("role_path ~ '/..", "role_path }}/..", "playbook_dir", "inventory_dir", "MODELWAKE_CACHE",
+                   "engines/sim"):
+        assert needle not in text, "%s mentions %s" % (os.path.relpath(path, ROOT), needle)
+
+
+@pytest.mark.parametrize("role", sorted(os.listdir(os.path.join(ROOT, "roles"))))
+def test_every_include_of_a_role_is_tagged_with_the_role(role):
+    with open(os.path.join(ROOT, "roles", role, "tasks", "main.yml")) as handle:
+        tasks = yaml.safe_load(handle)
+    includes = [t for t in tasks if any(k.endswith(("import_tasks", "include_tasks")) for k in t)]
+    assert includes
+    for task in includes:
+        assert role in task.get("tags", []), "%s: %r has no tag %s" % (role, task["name"], role)
