@@ -137,16 +137,19 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelwake.serving.plugins.module_utils.preflight.holders import survey
 
 
+ARGUMENT_SPEC = {
+    "gpus": {"type": "list", "elements": "int", "default": []},
+    "service_unit": {"type": "str"},
+    "stop_units": {"type": "list", "elements": "str", "default": []},
+    "max_foreign_mib": {"type": "int", "default": 1024},
+    "min_free_mib": {"type": "int", "default": 0},
+    "model_bytes": {"type": "int", "default": 0},
+}
+
+
 def main():
     module = AnsibleModule(
-        argument_spec={
-            "gpus": {"type": "list", "elements": "int", "default": []},
-            "service_unit": {"type": "str"},
-            "stop_units": {"type": "list", "elements": "str", "default": []},
-            "max_foreign_mib": {"type": "int", "default": 1024},
-            "min_free_mib": {"type": "int", "default": 0},
-            "model_bytes": {"type": "int", "default": 0},
-        },
+        argument_spec=ARGUMENT_SPEC,
         supports_check_mode=True,
     )
     params = module.params

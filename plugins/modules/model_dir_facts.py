@@ -98,12 +98,15 @@ from ansible_collections.modelwake.serving.plugins.module_utils.common.formattin
 from ansible_collections.modelwake.serving.plugins.module_utils.preflight.modeldir import MIB, inspect, measure_read_rate, problems
 
 
+ARGUMENT_SPEC = {
+    "path": {"type": "path", "required": True},
+    "read_sample_mib": {"type": "int", "default": 256},
+}
+
+
 def main():
     module = AnsibleModule(
-        argument_spec={
-            "path": {"type": "path", "required": True},
-            "read_sample_mib": {"type": "int", "default": 256},
-        },
+        argument_spec=ARGUMENT_SPEC,
         supports_check_mode=True,
     )
     path = module.params["path"]

@@ -81,16 +81,19 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelwake.serving.plugins.module_utils.host.http_probe import describe, request
 
 
+ARGUMENT_SPEC = {
+    "url": {"type": "str", "required": True},
+    "model": {"type": "str", "required": True},
+    "prompt": {"type": "str", "default": "2+2="},
+    "max_tokens": {"type": "int", "default": 4, "no_log": False},
+    "api_key": {"type": "str", "no_log": True},
+    "timeout": {"type": "int", "default": 120},
+}
+
+
 def main():
     module = AnsibleModule(
-        argument_spec={
-            "url": {"type": "str", "required": True},
-            "model": {"type": "str", "required": True},
-            "prompt": {"type": "str", "default": "2+2="},
-            "max_tokens": {"type": "int", "default": 4, "no_log": False},
-            "api_key": {"type": "str", "no_log": True},
-            "timeout": {"type": "int", "default": 120},
-        },
+        argument_spec=ARGUMENT_SPEC,
         supports_check_mode=True,
     )
     params = module.params
