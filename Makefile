@@ -27,9 +27,10 @@ $(VENV)/.installed: requirements.txt
 
 venv: $(VENV)/.installed ## Create the pinned controller toolchain in .venv
 
-lint: venv ## yamllint and ansible-lint (production profile)
+lint: venv ## yamllint, ansible-lint (production profile) and ansible-test sanity on the built collection
 	yamllint --strict .
 	ansible-lint --offline
+	tools/sanity
 
 unit: venv ## Unit tests: pure logic, replayed traces, scripted GPUs, no sleeping
 	$(PYTEST) tests/unit

@@ -19,7 +19,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(ROOT, "library"))
+sys.path.insert(0, ROOT)  # the checkout is the modelwake.serving collection
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import report  # noqa: E402
@@ -261,7 +261,7 @@ def measure_cost(model, work, seconds=120.0, poll=5.0):
 # -- throughput on the sim -------------------------------------------------------------------------
 
 def measure_throughput(model, work):
-    import completion_load
+    from ansible_collections.modelwake.serving.plugins.modules import completion_load
     base = os.path.join(work, "throughput")
     os.makedirs(base, exist_ok=True)
     fast = ["--start-seconds", "0.2", "--init-seconds", "0.3", "--warmup-seconds", "0.2", "--load-rate-mib", "500",

@@ -1,11 +1,11 @@
-"""Shared pytest set-up: make the project's pure-Python code importable without Ansible.
+"""Shared pytest set-up: import the collection from the checkout, without installing it.
 
-module_utils/modelwake is written to run on a managed host with the standard library alone, so the
-unit tests import it directly from the source tree.
+The repository is the modelwake.serving collection: ansible_collections/modelwake/serving links back
+to its root, so with the root on sys.path `ansible_collections.modelwake.serving.plugins...` imports
+the source tree (plain namespace packages: no Ansible needed, as on a managed host).
 """
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "module_utils"))
-sys.path.insert(0, os.path.join(ROOT, "library"))
+sys.path.insert(0, ROOT)

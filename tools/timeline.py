@@ -23,20 +23,20 @@ import sys
 from typing import Dict, List, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "module_utils"))
+sys.path.insert(0, ROOT)  # the checkout is the modelwake.serving collection
 
-from modelwake import classifier, engines  # noqa: E402  (the module's own phase names and log markers)
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness import engines, phases  # noqa: E402  (the module's own phase names and log markers)
 
 MIB = 1024.0 * 1024.0
 PHASE_COLOURS = {
-    classifier.NOT_STARTED: "#bdbdbd",
-    classifier.STARTING: "#9ecae1",
-    classifier.LOADING: "#fdd49e",
-    classifier.INITIALIZING: "#c7e9c0",
-    classifier.READY: "#74c476",
-    classifier.FAILED: "#de2d26",
-    classifier.STALLED: "#756bb1",
-    classifier.TIMEOUT: "#636363",
+    phases.NOT_STARTED: "#bdbdbd",
+    phases.STARTING: "#9ecae1",
+    phases.LOADING: "#fdd49e",
+    phases.INITIALIZING: "#c7e9c0",
+    phases.READY: "#74c476",
+    phases.FAILED: "#de2d26",
+    phases.STALLED: "#756bb1",
+    phases.TIMEOUT: "#636363",
 }
 LABEL_CHARS = 58
 # vLLM's record head, `INFO 05-25 19:06:14 [default_loader.py:291] `: the x axis already says when.
@@ -131,16 +131,16 @@ def _markers(records, engine):
             kind, hint = engines.classify_line(engine, line)
             if kind == "fatal" and not fatal_seen:
                 fatal_seen = True
-                markers.append(Marker(snap["t"], classifier.FAILED, line))
+                markers.append(Marker(snap["t"], phases.FAILED, line))
             elif kind == "run_start" and reached is None:
                 reached = engines.STARTING
-                markers.append(Marker(snap["t"], classifier.STARTING, line))
+                markers.append(Marker(snap["t"], phases.STARTING, line))
             elif kind == "marker" and _rank(hint) > _rank(reached):
                 reached = hint
-                phase = classifier.INITIALIZING if hint == engines.READY_HINT else hint
+                phase = phases.INITIALIZING if hint == engines.READY_HINT else hint
                 markers.append(Marker(snap["t"], "ready line" if hint == engines.READY_HINT else phase, line))
     final = records[-1]["verdict"]
-    if final["phase"] in classifier.TERMINAL or final["phase"] == classifier.READY:
+    if final["phase"] in phases.TERMINAL or final["phase"] == phases.READY:
         # The verdict itself: what the module returned, and when.
         msg = final.get("msg") or final["phase"]
         markers.append(Marker(records[-1]["snapshot"]["t"], final["phase"],
@@ -216,9 +216,9 @@ def _pyplot():
 
 def _marker_colour(phase, default):
     """Verdicts in their phase's colour (darkened for ready), log lines in grey."""
-    if phase == classifier.READY:
+    if phase == phases.READY:
         return "#238b45"
-    return PHASE_COLOURS[phase] if phase in classifier.TERMINAL else default
+    return PHASE_COLOURS[phase] if phase in phases.TERMINAL else default
 
 
 def _points(xs, ys):
@@ -253,7 +253,7 @@ def render_png(timeline, path, title=None):
         right = marker.t > end * 0.6
         top.annotate("%.0f s  %s" % (marker.t, marker.label), xy=(marker.t, y), xytext=(-4 if right else 4, 0),
                      textcoords="offset points", ha="right" if right else "left", va="center", fontsize=7.5,
-                     color="#b30000" if marker.phase in classifier.TERMINAL else _marker_colour(marker.phase, "#222222"),
+                     color="#b30000" if marker.phase in phases.TERMINAL else _marker_colour(marker.phase, "#222222"),
                      bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.8))
     final = timeline.final
     top.set_title(title or "wait_for_model_ready: %s after %.0f s (engine %s)"

@@ -9,10 +9,9 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-sys.path.insert(0, os.path.join(ROOT, "library"))
 
-import completion_load  # noqa: E402
 import simrun  # noqa: E402
+from ansible_collections.modelwake.serving.plugins.modules import completion_load  # noqa: E402
 
 PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
 ENV = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")

@@ -109,6 +109,10 @@ class Guest(object):
                 "modelwake_gpus_required": True,
                 "modelwake_demo_model_size_mib": 256,
                 "modelwake_demo_model_shards": 64,
+                # Test-only settings of the simulated engine, as inventories/demo has them.
+                "inference_env_sim_source": os.path.join(ROOT, "engines", "sim"),
+                "inference_env_controller_cache": os.environ.get("MODELWAKE_CACHE")
+                or os.path.expanduser("~/.cache/modelwake"),
                 "modelwake_models": {"k26": {
                     "engine": "sim", "engine_version": "0.1.0", "unit": UNIT, "port": 30001,
                     "model_path": "/srv/models/Kimi-K2.6-sim", "tp": 8, "gpus": list(range(8)),

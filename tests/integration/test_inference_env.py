@@ -259,6 +259,8 @@ def test_check_mode_on_a_host_without_the_venv_creates_nothing(lab):
 
 @pytest.mark.parametrize("overrides, needle", [
     ({"inference_env_engine": "tgi"}, "inference_env_engine"),
+    ({"inference_env_sim_source": ""}, 'inference_env_sim_source must name the source directory of the simulated engine on the controller (got "")'),
+    ({"inference_env_controller_cache": "cache"}, 'inference_env_controller_cache must be an absolute controller directory for the sim wheel (got "cache")'),
     ({"inference_env_venv": "relative/venv"}, "inference_env_venv must be an absolute path"),
     ({"inference_env_engine_version": ""}, "inference_env_engine_version must name the exact"),
     ({"inference_env_wheelhouse": "/nonexistent/wheelhouse"}, "inference_env_wheelhouse /nonexistent/wheelhouse is not a directory"),

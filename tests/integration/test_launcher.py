@@ -17,13 +17,14 @@ import urllib.request
 
 import pytest
 
-from modelwake import procfs
-from modelwake.launcher import EXIT_ENGINE_EXITED, EXIT_FAILED, EXIT_STALLED
+from ansible_collections.modelwake.serving.plugins.module_utils.host import procfs
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch import EXIT_ENGINE_EXITED, EXIT_FAILED, EXIT_STALLED
 
+import launcher_package
 from notify_listener import NotifyListener
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PYTHONPATH = os.pathsep.join([os.path.join(ROOT, "module_utils"), os.path.join(ROOT, "engines", "sim")])
+SIM_PATH = os.path.join(ROOT, "engines", "sim")
 FAST = ["--start-seconds", "0.5", "--init-seconds", "2", "--warmup-seconds", "0.5", "--load-rate-mib", "16",
         "--disable-cuda-graph"]
 
@@ -35,10 +36,16 @@ def free_port():
 
 
 @pytest.fixture(scope="module")
+def pythonpath(tmp_path_factory):
+    """The launcher as the model_service role installs it (only what it imports), and the simulator."""
+    return os.pathsep.join([launcher_package.install(str(tmp_path_factory.mktemp("launcher"))), SIM_PATH])
+
+
+@pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("model"))
     subprocess.run([sys.executable, "-m", "modelwake_sim", "make-model", path, "--size-mib", "32", "--shards", "8",
-                    "--quantization", "none"], env=dict(os.environ, PYTHONPATH=PYTHONPATH), check=True,
+                    "--quantization", "none"], env=dict(os.environ, PYTHONPATH=SIM_PATH), check=True,
                    stdout=subprocess.DEVNULL)
     return path
 
@@ -46,7 +53,7 @@ def model_dir(tmp_path_factory):
 class Launch(object):
     """One `python -m modelwake launch ... -- python -m modelwake_sim serve ...` run."""
 
-    def __init__(self, tmp_path, model_dir, sim_args=(), launcher_args=(), env=None):
+    def __init__(self, tmp_path, model_dir, pythonpath, sim_args=(), launcher_args=(), env=None):
         self.listener = NotifyListener()
         self.port = free_port()
         self.out_path = str(tmp_path / "stdout.log")
@@ -57,7 +64,7 @@ class Launch(object):
                 "--name", "sim-test"] + list(launcher_args) + [
                 "--", sys.executable, "-m", "modelwake_sim", "serve", "--engine", "sglang", "--model-path", model_dir,
                 "--port", str(self.port), "--tp", "2"] + FAST + list(sim_args)
-        environ = dict(os.environ, PYTHONPATH=PYTHONPATH, NOTIFY_SOCKET=self.listener.address)
+        environ = dict(os.environ, PYTHONPATH=pythonpath, NOTIFY_SOCKET=self.listener.address)
         environ.pop("MODELWAKE_API_KEY", None)
         environ.update(env or {})
         self.start = time.monotonic()
@@ -114,11 +121,11 @@ class Launch(object):
 
 
 @pytest.fixture
-def launch(tmp_path, model_dir):
+def launch(tmp_path, model_dir, pythonpath):
     runs = []
 
     def start(sim_args=(), launcher_args=(), env=None):
-        run = Launch(tmp_path, model_dir, sim_args, launcher_args, env)
+        run = Launch(tmp_path, model_dir, pythonpath, sim_args, launcher_args, env)
         runs.append(run)
         return run
 

@@ -11,8 +11,9 @@ import urllib.request
 
 import pytest
 
-from modelwake import procfs
+from ansible_collections.modelwake.serving.plugins.module_utils.host import procfs
 
+import launcher_package
 from notify_listener import NotifyListener
 from realengine import ROOT, tiny_model, vllm_cpu, vllm_python  # noqa: F401 (pytest fixtures)
 
@@ -28,7 +29,7 @@ def test_real_vllm_under_the_launcher_is_ready_only_after_a_completion(vllm_pyth
             + vllm_cpu.serve_command(tiny_model, port, enforce_eager=True))
     assert "--dtype" in argv and "float32" in argv  # required on this machine (AMX), see the README
     env = vllm_cpu.engine_env()
-    env.update(PYTHONPATH=os.path.join(ROOT, "module_utils"), NOTIFY_SOCKET=listener.address)
+    env.update(PYTHONPATH=launcher_package.install(str(tmp_path / "launcher")), NOTIFY_SOCKET=listener.address)
     out_path, err_path = str(tmp_path / "stdout.log"), str(tmp_path / "stderr.log")
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         launcher = subprocess.Popen(argv, stdout=out, stderr=err, env=env, start_new_session=True)

@@ -25,7 +25,7 @@ LINE = re.compile(r"^wait_for_model_ready \[(?P<host>[\w-]+)\]: (?P<phase>[a-z_]
 
 WAIT_TASK = """
     - name: Wait until the simulated engine answers
-      wait_for_model_ready:
+      modelwake.serving.wait_for_model_ready:
         url: "{{ sim_url }}"
         engine: sglang
         pid: "{{ sim_pid }}"
@@ -170,7 +170,7 @@ def test_a_crash_keeps_its_message_and_evidence_after_progress_lines(tmp_path, p
 
 ONE_LOOK_TASKS = """
     - name: Wait in the background
-      wait_for_model_ready:
+      modelwake.serving.wait_for_model_ready:
         url: "{{ sim_url }}"
         pid: "{{ sim_pid }}"
         api_key: "{{ sim_api_key }}"
@@ -181,7 +181,7 @@ ONE_LOOK_TASKS = """
       register: background
 
     - name: Look once
-      wait_for_model_ready:
+      modelwake.serving.wait_for_model_ready:
         url: "{{ sim_url }}"
         pid: "{{ sim_pid }}"
         api_key: "{{ sim_api_key }}"
@@ -189,7 +189,7 @@ ONE_LOOK_TASKS = """
       register: once
 
     - name: Look in check mode
-      wait_for_model_ready:
+      modelwake.serving.wait_for_model_ready:
         url: "{{ sim_url }}"
         pid: "{{ sim_pid }}"
         api_key: "{{ sim_api_key }}"

@@ -12,7 +12,7 @@ from realengine import ROOT, real_vllm, tiny_model, vllm_cpu, vllm_python  # noq
 
 pytestmark = pytest.mark.slow
 
-MODULE = os.path.join(ROOT, "library", "wait_for_model_ready.py")
+MODULE = os.path.join(ROOT, "plugins", "modules", "wait_for_model_ready.py")
 needs_module = pytest.mark.skipif(not os.path.exists(MODULE), reason="module not yet present")
 
 # The lines the module's vLLM markers depend on, in the order a start prints them.

@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from modelwake import logs, procfs
-from modelwake.classifier import Classifier
-from modelwake.snapshot import Snapshot
+from ansible_collections.modelwake.serving.plugins.module_utils.host import logs, procfs
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Classifier
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.snapshot import Snapshot
 
 from traces import config, http, phases_seen
 

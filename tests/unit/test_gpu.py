@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from modelwake import gpu
-from modelwake.command import run_command
+from ansible_collections.modelwake.serving.plugins.module_utils.host import gpu
+from ansible_collections.modelwake.serving.plugins.module_utils.common.command import run_command
 
 FAKES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fakes")
 

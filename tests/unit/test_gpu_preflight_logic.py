@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from modelwake import holders, modeldir
-from modelwake.errors import InputError
-from modelwake.gpu import GpuReader
+from ansible_collections.modelwake.serving.plugins.module_utils.preflight import holders, modeldir
+from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import InputError
+from ansible_collections.modelwake.serving.plugins.module_utils.host.gpu import GpuReader
 
 FAKES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fakes")
 MIB = 1024 * 1024
@@ -197,6 +197,3 @@ def test_read_rate_with_an_injected_clock(tmp_path):
     assert (done, seconds, rate) == (2 * MIB, 2.0, 1.0)
 
 
-@pytest.mark.parametrize("seconds,text", [(42, "42s"), (965, "16m05s"), (5400, "1h30m")])
-def test_format_duration(seconds, text):
-    assert modeldir.format_duration(seconds) == text

@@ -6,7 +6,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from modelwake import http_probe
+from ansible_collections.modelwake.serving.plugins.module_utils.host import http_probe
 
 from loopback import closed_port
 

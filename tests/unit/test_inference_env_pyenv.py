@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from modelwake import pyenv
+from ansible_collections.modelwake.serving.plugins.module_utils.python_env import pyenv
 
 
 @pytest.mark.parametrize("low, high", [

@@ -7,54 +7,15 @@ import uuid
 
 import pytest
 
-from modelwake.classifier import Verdict
-from modelwake.errors import ModelWakeError
-from modelwake.launcher import (API_KEY_ENV, Reporter, build_launch_config, engine_environment, format_duration,
-                                format_status, marker_summary, parse_args, prometheus_text, write_textfile)
-from modelwake.notify import Notifier
-from modelwake.waiter import wait_for_ready
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Verdict
+from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import ModelWakeError
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch import (API_KEY_ENV, Reporter, build_launch_config, engine_environment,
+                                                                             parse_args, prometheus_text, write_textfile)
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.notify import Notifier
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.waiter import wait_for_ready
 
 from test_waiter import FakeClock, ReplayProbe
 from traces import K26_EXPECTED_BYTES, MIB, config, http, k26_start
-
-@pytest.mark.parametrize("seconds, text", [(0, "0s"), (44.6, "45s"), (372, "6m12s"), (843, "14m03s"),
-                                           (3600 + 125, "1h02m"), (-3, "0s")])
-def test_format_duration(seconds, text):
-    assert format_duration(seconds) == text
-
-
-@pytest.mark.parametrize("fields, elapsed, text", [
-    (dict(phase="loading", fraction=0.4531, shards=[29, 64], read_rate=412 * MIB, eta=372.4), 100,
-     "loading 45% (29/64 shards, 412 MiB/s, ETA 6m12s)"),
-    (dict(phase="loading", fraction=0.25, bytes_read=3 * 1024 * MIB, read_rate=575 * MIB, eta=30), 40,
-     "loading 25% (3.0 GiB read, 575 MiB/s, ETA 30s)"),
-    (dict(phase="loading", since=12), 20, "loading (since 12s)"),
-    (dict(phase="initializing", since=250,
-          evidence=["[2026-05-25 19:06:14 TP0] Capture cuda graph begin. This can take up to several minutes."]),
-     300, "initializing: Capture cuda graph begin (since 4m10s)"),
-    (dict(phase="initializing", since=5), 9, "initializing (since 5s)"),
-    (dict(phase="starting", evidence=["[2026-05-25 19:06:14 TP0] Init torch distributed begin."]), 3,
-     "starting: Init torch distributed begin (since 0s)"),
-    (dict(phase="ready"), 843.2, "ready in 14m03s"),
-    (dict(phase="stalled", msg="stalled: no progress for 600 s\nin phase loading"), 900,
-     "stalled: no progress for 600 s in phase loading"),
-    (dict(phase="not_started"), 0, "starting the engine"),
-])
-def test_status_text(fields, elapsed, text):
-    verdict = Verdict(msg=fields.pop("msg", ""), **fields)
-    assert format_status(verdict, elapsed) == text
-
-
-@pytest.mark.parametrize("line, summary", [
-    ("(EngineCore pid=7) INFO 11-30 12:00:01 [gpu_model_runner.py:1234] Loading weights took 1.20 seconds",
-     "Loading weights took 1.20 seconds"),
-    ("[2026-11-30 05:08:43] INFO:     Uvicorn running on http://127.0.0.1:30551 (Press CTRL+C to quit)",
-     "Uvicorn running on http://127.0.0.1:30551"),
-    ("[2026-05-25 19:06:14 TP3] Entering DeepGEMM JIT Pre-Compile session.", "Entering DeepGEMM JIT Pre-Compile session"),
-])
-def test_marker_summary_drops_prefixes_and_keeps_the_gist(line, summary):
-    assert marker_summary(line) == summary
-
 
 def test_prometheus_text_has_one_gauge_per_phase_and_the_load_numbers():
     verdict = Verdict(phase="loading", msg="", bytes_read=1234, fraction=0.5, eta=60.0, since=10.0)

@@ -2,7 +2,7 @@
 import json
 import os
 
-from modelwake import logs
+from ansible_collections.modelwake.serving.plugins.module_utils.host import logs
 
 BAR = "Loading safetensors checkpoint shards:  %d%% Completed | %d/64 [00:10<01:00, 1.0s/it]"
 

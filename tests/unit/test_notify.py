@@ -5,7 +5,8 @@ import uuid
 
 import pytest
 
-from modelwake.notify import Notifier, NotifyError, one_line, socket_address, watchdog_interval
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.notify import Notifier, NotifyError, socket_address, watchdog_interval
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.status import one_line
 
 
 def receive(sock):

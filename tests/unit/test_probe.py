@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from modelwake import procfs
-from modelwake.errors import InputError
-from modelwake.probe import HostProbe
+from ansible_collections.modelwake.serving.plugins.module_utils.host import procfs
+from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import InputError
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.probe import HostProbe
 
 from loopback import closed_port
 from traces import config

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from modelwake import procfs
+from ansible_collections.modelwake.serving.plugins.module_utils.host import procfs
 
 MIB = 1024 * 1024
 

@@ -13,10 +13,12 @@ import sys
 
 import pytest
 
-from modelwake import logs, procfs, resume
-from modelwake.config import build_config
-from modelwake.probe import HostProbe
-from modelwake.waiter import new_wait_state, wait_for_ready
+from ansible_collections.modelwake.serving.plugins.module_utils.host import logs, procfs
+
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness import resume
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.config import build_config
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.probe import HostProbe
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.waiter import new_wait_state, wait_for_ready
 
 from loopback import closed_port
 from test_logs import ScriptedRunner, append

@@ -1,7 +1,10 @@
 """systemctl show parsing, and the engines' marker tables on exact log lines from engines.md."""
 import pytest
 
-from modelwake import engines, systemd
+from ansible_collections.modelwake.serving.plugins.module_utils.host import systemd
+
+
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness import engines
 
 SHOW = """ActiveState=activating
 SubState=auto-restart

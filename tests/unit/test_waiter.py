@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from modelwake.waiter import wait_for_ready
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.waiter import wait_for_ready
 
 from traces import MIB, Trace, config, http, vllm_prefix
 

@@ -4,9 +4,9 @@ A Trace integrates rates into the cumulative counters a real /proc would show (C
 read_bytes), so a case reads like the story it replays: "from t=20 to t=920 the tree reads
 575 MiB/s at 0.9 cores, silently".
 """
-from modelwake.classifier import Classifier
-from modelwake.config import WaitConfig
-from modelwake.snapshot import Snapshot
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Classifier
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.config import WaitConfig
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.snapshot import Snapshot
 
 MIB = 1024 * 1024
 

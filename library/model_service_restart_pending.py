@@ -1,0 +1,1 @@
+../plugins/modules/model_service_restart_pending.py

@@ -1,0 +1,26 @@
+"""Durations and sizes as modelwake writes them everywhere: status lines, messages, progress lines."""
+
+MIB = 1024.0 * 1024.0
+GIB = 1024.0 * MIB
+
+
+def duration(seconds):
+    """`45s`, `6m12s`, `1h02m`: short enough for a status line, precise enough for an ETA."""
+    seconds = int(round(max(0.0, seconds)))
+    if seconds < 60:
+        return "%ds" % seconds
+    if seconds < 3600:
+        return "%dm%02ds" % (seconds // 60, seconds % 60)
+    return "%dh%02dm" % (seconds // 3600, (seconds % 3600) // 60)
+
+
+def size(count, mib_digits=1):
+    """Bytes as `1.2 GiB` from one GiB up, else MiB with mib_digits decimals (`412 MiB`, `5.0 MiB`)."""
+    if count >= GIB:
+        return "%.1f GiB" % (count / GIB)
+    return "%.*f MiB" % (mib_digits, count / MIB)
+
+
+def mib(count):
+    """Bytes always in MiB, one decimal: for deltas that are compared with each other (`+12.5 MiB`)."""
+    return "%.1f MiB" % (count / MIB)

@@ -1,0 +1,160 @@
+"""GPU memory and utilisation, through NVML (pynvml from nvidia-ml-py) or nvidia-smi.
+
+NVML is used when `pynvml` imports and initialises; otherwise `nvidia-smi` answers the same
+questions; with neither (no GPU at all, which is normal for tests and CPU engines) the lists are
+empty. Memory is reported in MiB; utilisation in percent, or None when the driver does not know.
+"""
+from ..common.command import run_command
+
+MIB = 1024 * 1024
+
+SMI_GPU_QUERY = ["nvidia-smi", "--query-gpu=index,uuid,memory.used,memory.total,utilization.gpu",
+                 "--format=csv,noheader,nounits"]
+SMI_APPS_QUERY = ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory",
+                  "--format=csv,noheader,nounits"]
+
+
+def _import_nvml():
+    try:
+        import pynvml  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return None
+    return pynvml
+
+
+def _number(text):
+    """nvidia-smi prints '[N/A]' or '[Not Supported]' for unknown values."""
+    text = text.strip()
+    try:
+        return int(float(text))
+    except ValueError:
+        return None
+
+
+class GpuReader(object):
+    """Reads the watched GPUs. `gpus` is a list of indices (None = all).
+
+    The backend is chosen on the first read and kept: "nvml", "nvidia-smi" or "none".
+    """
+
+    def __init__(self, gpus=None, nvml=None, runner=run_command):
+        self.gpus = None if gpus is None else set(gpus)
+        self.runner = runner
+        self._nvml = nvml
+        self.backend = None
+        self.error = None
+        self.no_gpu_tools = False
+        # The answer of the nvidia-smi run that chose the backend, kept for the first read: each
+        # run costs the host ~0.15 s of CPU, and every slice of a wait is a new process that chooses.
+        self._unread_smi = None
+
+    def _choose(self):
+        if self.backend is not None:
+            return self.backend
+        nvml = self._nvml if self._nvml is not None else _import_nvml()
+        if nvml is not None:
+            try:
+                nvml.nvmlInit()
+                self._nvml = nvml
+                self.backend = "nvml"
+                return self.backend
+            except Exception as exc:  # NVMLError subclasses: no driver, no library, no GPU
+                self.error = "NVML unavailable: %s" % exc
+        rc, out, err = self.runner(SMI_GPU_QUERY, 20)
+        if rc == 0:
+            self.backend = "nvidia-smi"
+            self.error = None
+            self._unread_smi = (rc, out, err)
+        else:
+            self.backend = "none"
+            # No usable NVML and no nvidia-smi: a host without GPUs, which is normal; `error`
+            # still tells a preflight why NVML did not answer.
+            self.no_gpu_tools = rc == 127
+            if rc != 127:
+                self.error = "nvidia-smi failed (rc %d): %s" % (rc, err.strip()[:200])
+        return self.backend
+
+    def _watched(self, index):
+        return self.gpus is None or index in self.gpus
+
+    def read(self):
+        """[{index, uuid, memory_used_mib, memory_total_mib, utilization}] of the watched GPUs."""
+        backend = self._choose()
+        if backend == "nvml":
+            return self._read_nvml()
+        if backend == "nvidia-smi":
+            return self._read_smi()
+        return []
+
+    def _nvml_handles(self):
+        """(index, handle) of each watched GPU."""
+        for index in range(self._nvml.nvmlDeviceGetCount()):
+            if self._watched(index):
+                yield index, self._nvml.nvmlDeviceGetHandleByIndex(index)
+
+    def _read_nvml(self):
+        nvml = self._nvml
+        found = []
+        for index, handle in self._nvml_handles():
+            mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+            try:
+                util = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+            except Exception:  # "Not Supported" on some SKUs and in containers
+                util = None
+            uuid = nvml.nvmlDeviceGetUUID(handle)
+            found.append({
+                "index": index,
+                "uuid": uuid.decode() if isinstance(uuid, bytes) else uuid,
+                "memory_used_mib": int(mem.used // MIB),
+                "memory_total_mib": int(mem.total // MIB),
+                "utilization": util,
+            })
+        return found
+
+    def _read_smi(self):
+        answer, self._unread_smi = self._unread_smi, None
+        rc, out, err = answer or self.runner(SMI_GPU_QUERY, 20)
+        if rc != 0:
+            self.error = "nvidia-smi failed (rc %d): %s" % (rc, err.strip()[:200])
+            return []
+        found = []
+        for line in out.splitlines():
+            cols = [c.strip() for c in line.split(",")]
+            if len(cols) < 5 or _number(cols[0]) is None:
+                continue
+            index = _number(cols[0])
+            if self._watched(index):
+                found.append({
+                    "index": index,
+                    "uuid": cols[1],
+                    "memory_used_mib": _number(cols[2]),
+                    "memory_total_mib": _number(cols[3]),
+                    "utilization": _number(cols[4]),
+                })
+        return found
+
+    def compute_processes(self):
+        """[{index, pid, used_memory_mib}]: processes holding memory on the watched GPUs."""
+        backend = self._choose()
+        if backend == "nvml":
+            found = []
+            for index, handle in self._nvml_handles():
+                for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                    used = proc.usedGpuMemory  # None when NVML cannot tell (NVML_VALUE_NOT_AVAILABLE)
+                    found.append({"index": index, "pid": int(proc.pid),
+                                  "used_memory_mib": None if used is None else int(used // MIB)})
+            return found
+        if backend == "nvidia-smi":
+            by_uuid = dict((gpu["uuid"], gpu["index"]) for gpu in self._read_smi())
+            rc, out, _err = self.runner(SMI_APPS_QUERY, 20)
+            if rc != 0:
+                return []
+            found = []
+            for line in out.splitlines():
+                cols = [c.strip() for c in line.split(",")]
+                if len(cols) < 3 or cols[0] not in by_uuid or _number(cols[1]) is None:
+                    continue
+                found.append({"index": by_uuid[cols[0]], "pid": _number(cols[1]),
+                              "used_memory_mib": _number(cols[2])})
+            return found
+        return []

@@ -1,0 +1,508 @@
+"""The Type=notify launcher: runs the engine as its child and tells systemd the truth.
+
+Neither SGLang nor vLLM sends READY=1, so a plain unit is "active" the moment the engine's
+process starts. `python -m modelwake launch [options] -- <engine command>` starts the engine in
+its own process group, tees its output to the journal, and watches it with the same probe and
+classifier as wait_for_model_ready (pid mode, the output pipe as its log source). It sends
+  STATUS=      at each change and at least every STATUS_EVERY seconds (`loading 45% (29/64
+               shards, 412 MiB/s, ETA 6m12s)`), so `systemctl status` shows the phase;
+  EXTEND_TIMEOUT_USEC=  whenever there was progress, so TimeoutStartSec acts as a stall budget;
+  READY=1      only when the ready check passes (by default a real completion);
+and on stalled / failed / timeout logs the verdict with its evidence, stops the engine's
+process group and exits non-zero, so Restart= applies. After ready it keeps supervising: an
+engine that exits (even with 0, a crash can) ends the launcher with EXIT_ENGINE_EXITED.
+SIGTERM/SIGINT stop the engine (SIGTERM to its group, SIGKILL after --stop-timeout); SIGHUP is
+forwarded. The API key is read from the environment (EnvironmentFile=), never from a flag.
+"""
+import argparse
+import collections
+import dataclasses
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from ..host import procfs
+from ..readiness import engines
+from ..readiness.classifier import Verdict
+from ..readiness.phases import FAILED, NOT_STARTED, PHASES, READY, STALLED, TERMINAL, TIMEOUT
+from ..readiness.config import build_config
+from ..common.errors import ModelWakeError
+from ..host.logs import split_records
+from ..readiness.status import format_status, one_line
+from .notify import Notifier, watchdog_interval
+from ..readiness.probe import HostProbe
+from ..readiness.waiter import wait_for_ready
+
+EXIT_USAGE = 2  # bad options: nothing was started (argparse uses 2 too)
+EXIT_FAILED = 3  # the engine crashed before it was ready
+EXIT_STALLED = 4  # no progress on any signal for --stall-timeout
+EXIT_TIMEOUT = 5  # still not ready at --timeout
+EXIT_ENGINE_EXITED = 6  # the engine exited after it was ready (even with status 0)
+VERDICT_EXIT = {FAILED: EXIT_FAILED, STALLED: EXIT_STALLED, TIMEOUT: EXIT_TIMEOUT}
+
+# The launcher's own key variable: removed from the engine's environment (the engine reads its own).
+API_KEY_ENV = "MODELWAKE_LAUNCHER_API_KEY"
+# Variables meant for the launcher alone: the engine must not notify systemd or feed its watchdog.
+PRIVATE_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", API_KEY_ENV)
+STATUS_EVERY = 30.0  # seconds: systemd shows how current a status is only by repeating it
+TAIL_LINES = 200
+# How long a read of the output waits for the rest of a dead engine's output (its traceback).
+EOF_WAIT = 2.0
+LOG_PREFIX = "modelwake: "
+
+
+class StopRequested(Exception):
+    """SIGTERM or SIGINT arrived: stop the engine and end cleanly."""
+
+
+# -- Prometheus textfile -----------------------------------------------------------------
+def _label(value):
+    return str(value).replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
+
+
+def prometheus_text(name, verdict):
+    """node_exporter textfile-collector metrics for one verdict (one gauge per phase, 1 = now)."""
+    unit = _label(name)
+    lines = ["# HELP modelwake_phase Start-up phase of the model server (1 for the current one).",
+             "# TYPE modelwake_phase gauge"]
+    for phase in PHASES + TERMINAL:
+        lines.append('modelwake_phase{unit="%s",phase="%s"} %d' % (unit, phase, 1 if phase == verdict.phase else 0))
+    gauges = [("modelwake_bytes_read", "Bytes the server's processes read from disk.", verdict.bytes_read),
+              ("modelwake_read_rate_bytes", "Disk read rate over the last minute, bytes per second.", verdict.read_rate),
+              ("modelwake_load_fraction", "Fraction of the weights loaded (0 to 1).", verdict.fraction),
+              ("modelwake_load_eta_seconds", "Estimated seconds until loading ends.", verdict.eta),
+              ("modelwake_phase_since_seconds", "Seconds since start-up when the current phase began.", verdict.since)]
+    for metric, text, value in gauges:
+        if value is not None:
+            lines += ["# HELP %s %s" % (metric, text), "# TYPE %s gauge" % metric,
+                      '%s{unit="%s"} %s' % (metric, unit, value)]
+    return "\n".join(lines) + "\n"
+
+
+def write_textfile(path, text):
+    """Atomically: the collector must never read a half-written file. Returns an error or None."""
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    try:
+        with open(tmp, "w") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)
+        os.rename(tmp, path)
+    except OSError as exc:
+        return "textfile %s could not be written: %s" % (path, exc)
+    return None
+
+
+# -- what to tell systemd ------------------------------------------------------------------
+class Reporter(object):
+    """Decides, after each snapshot, what systemd hears. Clock injected: no I/O of its own
+    beyond the notifier and the optional textfile, so tests replay a start with a fake clock."""
+
+    def __init__(self, notifier, clock, extend_seconds, name="model", textfile=None, log=None,
+                 status_every=STATUS_EVERY):
+        self.notifier = notifier
+        self.clock = clock
+        self.extend_seconds = extend_seconds
+        self.name = name
+        self.textfile = textfile
+        self.log = log or (lambda text: None)
+        self.status_every = status_every
+        self.start = clock()
+        self.last_status = None
+        self.last_status_at = None
+        self.last_progress_t = None
+        self.ready = False
+        self.verdict = None
+        self.errors = set()
+
+    def _say_once(self, error):
+        if error and error not in self.errors:
+            self.errors.add(error)
+            self.log(error)
+
+    def on_snapshot(self, snap, verdict):
+        """wait_for_ready's on_snapshot hook."""
+        now = self.clock()
+        self.verdict = verdict
+        text = format_status(verdict, now - self.start)
+        if verdict.phase == READY:
+            if not self.ready:
+                self.ready = True
+                self.notifier.ready(text)
+                self._say_once(self.notifier.error)
+                self.log("%s (%s)" % (text, verdict.msg))
+                self.last_status, self.last_status_at = text, now
+        else:
+            progress_t = (verdict.last_progress or {}).get("t")
+            fields = []
+            if text != self.last_status or now - self.last_status_at >= self.status_every:
+                fields.append("STATUS=" + one_line(text))
+                self.last_status, self.last_status_at = text, now
+            if not verdict.terminal and progress_t is not None and progress_t != self.last_progress_t:
+                # Progress since the last look: systemd may wait another full budget from now.
+                fields.append("EXTEND_TIMEOUT_USEC=%d" % int(self.extend_seconds * 1000000))
+                self.last_progress_t = progress_t
+            if fields:
+                self.notifier.send(*fields)
+                self._say_once(self.notifier.error)
+        if self.textfile:
+            self._say_once(write_textfile(self.textfile, prometheus_text(self.name, verdict)))
+
+
+# -- the engine's output ------------------------------------------------------------------
+class PipeSource(object):
+    """The engine's merged stdout/stderr: teed line by line to our stdout (the journal) and
+    offered to the probe with the interface of logs.FileTailer (read_new, last_read_context)."""
+
+    last_read_context = False  # everything comes from this run: no earlier run's lines
+    error = None
+
+    def __init__(self, fd, out, exited=None, eof_wait=EOF_WAIT):
+        self.fd = fd
+        self.out = out
+        self.exited = exited or threading.Event()
+        self.eof_wait = eof_wait
+        self.queue = queue.Queue()
+        self.tail = collections.deque(maxlen=TAIL_LINES)
+        self.collect = True
+        self.eof = threading.Event()
+        self.thread = threading.Thread(target=self._pump, name="engine-output", daemon=True)
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def _tee(self, data):
+        try:
+            self.out.write(data)
+            self.out.flush()
+        except (OSError, ValueError):
+            pass  # our stdout gone (journald restarting): keep the engine and the watch going
+
+    def _records(self, lines):
+        for line in lines:
+            self.tail.append(line)
+            if self.collect:
+                self.queue.put(line)
+
+    def _pump(self):
+        pending_tee = b""
+        pending_records = b""
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            # journald splits on \n: hand it whole lines (a long \r progress bar at most 64 KiB).
+            pending_tee += data
+            cut = pending_tee.rfind(b"\n") + 1
+            if cut == 0 and len(pending_tee) > 65536:
+                cut = len(pending_tee)
+            if cut:
+                self._tee(pending_tee[:cut])
+                pending_tee = pending_tee[cut:]
+            # The classifier also splits on \r: a tqdm redraw is news before its line ends.
+            lines, pending_records = split_records(pending_records + data)
+            self._records(lines)
+        if pending_tee:
+            self._tee(pending_tee + b"\n")
+        if pending_records.strip():
+            self._records([pending_records.decode("utf-8", "replace")])
+        os.close(self.fd)
+        self.eof.set()
+
+    def read_new(self):
+        if self.exited.is_set():
+            # The engine is gone: its last lines (the traceback) are still in the pipe.
+            self.eof.wait(self.eof_wait)
+        lines = []
+        while True:
+            try:
+                lines.append(self.queue.get_nowait())
+            except queue.Empty:
+                return lines
+
+
+# -- the engine process --------------------------------------------------------------------
+class Engine(object):
+    """The engine as our child, in its own session and process group (pgid == pid)."""
+
+    def __init__(self, argv, env, out):
+        read_fd, write_fd = os.pipe()
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=write_fd, stderr=write_fd,
+                                         env=env, start_new_session=True, close_fds=True)
+        finally:
+            os.close(write_fd)
+        self.pid = self.proc.pid
+        self.exited = threading.Event()
+        self.status = None
+        self.wake = threading.Event()
+        self.output = PipeSource(read_fd, out, exited=self.exited).start()
+        self.seen = {}  # pid -> starttime of every descendant seen, to kill escapees by identity
+        threading.Thread(target=self._reap, name="engine-reaper", daemon=True).start()
+
+    def _reap(self):
+        _pid, status = os.waitpid(self.pid, 0)
+        self.status = status
+        self.proc.returncode = -1  # reaped here: Popen must not wait for it again
+        self.exited.set()
+        self.wake.set()
+
+    def describe_exit(self):
+        if self.status is None:
+            return "still running"
+        if os.WIFSIGNALED(self.status):
+            return "killed by signal %d (%s)" % (os.WTERMSIG(self.status), signal.Signals(os.WTERMSIG(self.status)).name)
+        return "exit status %d" % os.WEXITSTATUS(self.status)
+
+    def remember_tree(self):
+        for pid, info in procfs.tree([self.pid]).items():
+            self.seen[pid] = info["starttime"]
+
+    def signal_group(self, signum):
+        try:
+            os.killpg(self.pid, signum)
+        except OSError:
+            pass  # the group is empty: nothing left to signal
+
+    def _kill_escapees(self):
+        """Descendants seen earlier that left the process group (setsid) and still run."""
+        for pid, starttime in self.seen.items():
+            info = procfs.read_process(pid)
+            if info is not None and info["starttime"] == starttime and not procfs.is_gone(info):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+    def stop(self, grace, signum=signal.SIGTERM):
+        """signum to the group, SIGKILL to whatever is left after `grace` seconds; returns when reaped."""
+        if not self.exited.is_set():
+            self.remember_tree()
+            self.signal_group(signum)
+            self.exited.wait(grace)
+        self.signal_group(signal.SIGKILL)
+        self._kill_escapees()
+        self.exited.wait(grace + 5)
+        return self.exited.is_set()
+
+
+# -- the whole run ---------------------------------------------------------------------------
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="python -m modelwake launch",
+        description="Run an inference engine under systemd Type=notify: STATUS= phases, "
+                    "EXTEND_TIMEOUT_USEC= while it progresses, READY=1 after a real completion.")
+    parser.add_argument("--url", required=True, help="base URL of the server, e.g. http://127.0.0.1:30001")
+    parser.add_argument("--engine", default="auto", help="sglang | vllm | auto (log markers, endpoint meanings)")
+    parser.add_argument("--ready-check", default="completion", help="completion | health | models")
+    parser.add_argument("--model", default=None, help="model name for the completion (default: first of /v1/models)")
+    parser.add_argument("--model-path", default=None, help="model directory: size of the weights, for the fraction and ETA")
+    parser.add_argument("--gpus", default=None, help="GPU indices to watch, comma-separated (default: all)")
+    parser.add_argument("--timeout", type=float, default=86400, help="overall deadline in seconds (default 86400)")
+    parser.add_argument("--stall-timeout", type=float, default=600, help="no progress this long = stalled (default 600)")
+    parser.add_argument("--poll-interval", type=float, default=5, help="seconds between looks (default 5)")
+    parser.add_argument("--extend-timeout", type=float, default=None,
+                        help="seconds each EXTEND_TIMEOUT_USEC grants; the unit's TimeoutStartSec should equal it "
+                             "(default: stall timeout + 2 polls + 30)")
+    parser.add_argument("--stop-timeout", type=float, default=30,
+                        help="seconds the engine gets after SIGTERM before SIGKILL (keep below TimeoutStopSec)")
+    parser.add_argument("--name", default="model", help="unit label for the Prometheus textfile")
+    parser.add_argument("--textfile", default=None,
+                        help="write Prometheus metrics here (node_exporter textfile collector, *.prom)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the engine command and its arguments")
+    options = parser.parse_args(argv)
+    command = options.command[1:] if options.command[:1] == ["--"] else options.command
+    if not command:
+        parser.error("command: give the engine command after --, e.g. -- python -m sglang.launch_server ...")
+    options.command = command
+    return options
+
+
+def _gpus(text):
+    if not text:
+        return None
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ModelWakeError("gpus: must be comma-separated GPU indices such as 0,1,2,3, got %r" % text)
+
+
+def build_launch_config(options, environ):
+    """A validated WaitConfig (pid filled in once the engine runs); raises ModelWakeError."""
+    params = {
+        "url": options.url, "engine": options.engine, "ready_check": options.ready_check,
+        "model": options.model, "api_key": environ.get(API_KEY_ENV) or None,
+        "model_path": options.model_path, "gpus": _gpus(options.gpus),
+        "timeout": options.timeout, "stall_timeout": options.stall_timeout,
+        "poll_interval": options.poll_interval,
+        # Validation needs a live pid; the engine's replaces it once it runs.
+        "pid": os.getpid(),
+    }
+    if options.timeout <= 0:
+        raise ModelWakeError("timeout: must be greater than 0 (the launcher always waits), got %s" % options.timeout)
+    config = build_config(params)
+    config.follows_log = True  # the engine's output comes through our pipe
+    minimum = config.stall_timeout + 2 * config.poll_interval
+    if options.extend_timeout is None:
+        options.extend_timeout = minimum + 30
+    elif options.extend_timeout < minimum:
+        # systemd would end the start before the launcher can say why.
+        raise ModelWakeError("extend-timeout: must be at least stall timeout + 2 polls (%s s), got %s"
+                             % (minimum, options.extend_timeout))
+    if options.textfile and not os.path.isdir(os.path.dirname(os.path.abspath(options.textfile))):
+        raise ModelWakeError("textfile: the directory of %s does not exist" % options.textfile)
+    return config
+
+
+def engine_environment(environ):
+    return dict((k, v) for k, v in environ.items() if k not in PRIVATE_ENV)
+
+
+class Launcher(object):
+    def __init__(self, options, environ=None, out=None, err=None, clock=time.monotonic):
+        self.options = options
+        self.environ = os.environ if environ is None else environ
+        self.out = out if out is not None else sys.stdout.buffer
+        self.err = err if err is not None else sys.stderr
+        self.clock = clock
+        self.engine = None
+        self.stop_signal = None
+
+    def log(self, text):
+        self.err.write(LOG_PREFIX + text + "\n")
+        self.err.flush()
+
+    # Signals arrive in the main thread, between two looks or inside a wait.
+    def _on_signal(self, signum, _frame):
+        if signum == signal.SIGHUP:
+            if self.engine is not None:
+                self.engine.signal_group(signum)
+            return
+        self.stop_signal = signum
+        if self.engine is not None:
+            # Forward at once: a look in flight (an HTTP probe can take seconds) must not delay
+            # the engine's own clean shutdown; _stop escalates to SIGKILL after the grace.
+            self.engine.signal_group(signum)
+            self.engine.wake.set()
+
+    def _sleep(self, seconds):
+        """wait_for_ready's sleep: ends early when the engine exits or a stop is asked for."""
+        self.engine.wake.wait(seconds)
+        self.engine.wake.clear()
+        if self.stop_signal is not None:
+            raise StopRequested()
+
+    def _final_textfile(self, phase, msg):
+        """The last word for node_exporter when no look follows (stopped, or exited after ready)."""
+        if self.options.textfile:
+            error = write_textfile(self.options.textfile, prometheus_text(self.options.name, Verdict(phase, msg)))
+            if error:
+                self.log(error)
+
+    def _stop(self, notifier):
+        name = signal.Signals(self.stop_signal).name
+        notifier.stopping("stopping: %s forwarded to the engine" % name)
+        self.log("%s received: stopping the engine's process group %d (SIGKILL after %s s)"
+                 % (name, self.engine.pid, self.options.stop_timeout))
+        self.engine.stop(self.options.stop_timeout, signum=self.stop_signal)
+        self.log("engine stopped (%s)" % self.engine.describe_exit())
+        self._final_textfile(NOT_STARTED, "stopped")
+        return 0
+
+    def run(self):
+        options = self.options
+        try:
+            notifier = Notifier(self.environ)
+            config = build_launch_config(options, self.environ)
+        except ModelWakeError as exc:  # bad options, or a NOTIFY_SOCKET it cannot use
+            self.log("error: %s" % exc)
+            return EXIT_USAGE
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self._on_signal)
+        try:
+            self.engine = Engine(options.command, engine_environment(self.environ), self.out)
+        except OSError as exc:
+            self.log("error: command: cannot start %s: %s" % (options.command[0], exc))
+            return EXIT_FAILED
+        self.log("engine started as pid %d: %s" % (self.engine.pid, " ".join(options.command)))
+        try:
+            return self._watch(notifier, dataclasses.replace(config, pid=self.engine.pid))
+        except StopRequested:
+            return self._stop(notifier)
+        finally:
+            if self.engine is not None and not self.engine.exited.is_set():
+                self.engine.stop(min(options.stop_timeout, 10))
+            notifier.close()
+
+    def _watch(self, notifier, config):
+        options = self.options
+        engine = self.engine
+        try:
+            probe = HostProbe(config)
+        except ModelWakeError as exc:  # the engine died before the first look
+            engine.exited.wait(EOF_WAIT)
+            self.log("failed: the engine ended at once (%s): %s" % (engine.describe_exit(), exc))
+            return EXIT_FAILED
+        probe.sources.append(engine.output)
+        reporter = Reporter(notifier, self.clock, options.extend_timeout, name=options.name,
+                            textfile=options.textfile, log=self.log)
+
+        def on_snapshot(snap, verdict):
+            engine.remember_tree()
+            reporter.on_snapshot(snap, verdict)
+
+        result = wait_for_ready(config, probe, clock=self.clock, sleep=self._sleep, on_snapshot=on_snapshot)
+        for warning in result.get("warnings", []):
+            self.log("warning: %s" % warning)
+        if result["phase"] != READY:
+            return self._give_up(result)
+        engine.output.collect = False  # nobody reads the queue now; the tail stays for evidence
+        return self._supervise(notifier)
+
+    def _give_up(self, result):
+        engine = self.engine
+        self.log(result["msg"])
+        for line in result.get("evidence") or []:
+            self.log("  | " + line)
+        grace = min(self.options.stop_timeout, 10)
+        if not engine.exited.is_set():
+            self.log("stopping the engine's process group %d" % engine.pid)
+        engine.stop(grace)
+        code = VERDICT_EXIT.get(result["phase"], EXIT_FAILED)
+        self.log("engine %s; exiting %d so that Restart= applies" % (engine.describe_exit(), code))
+        return code
+
+    def _supervise(self, notifier):
+        """After READY=1: follow the engine until it exits or we are stopped; feed the watchdog."""
+        engine = self.engine
+        ping = watchdog_interval(self.environ)
+        while not engine.exited.is_set():
+            if ping is not None:
+                notifier.watchdog()
+            engine.wake.wait(ping if ping is not None else STATUS_EVERY)
+            engine.wake.clear()
+            if self.stop_signal is not None:
+                raise StopRequested()
+        engine.output.eof.wait(EOF_WAIT)
+        tail = list(engine.output.tail)
+        evidence = engines.root_cause(tail) if any(engines.EXCEPTION_LINE.search(l) for l in tail) else tail[-10:]
+        message = "failed: the engine exited after it was ready (%s)" % engine.describe_exit()
+        notifier.status(message)
+        self._final_textfile(FAILED, message)
+        self.log(message)
+        for line in evidence:
+            self.log("  | " + line)
+        engine.stop(1)  # whatever it left in its group
+        return EXIT_ENGINE_EXITED
+
+
+def main(argv=None):
+    options = parse_args(sys.argv[1:] if argv is None else argv)
+    return Launcher(options).run()

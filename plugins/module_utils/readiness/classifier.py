@@ -1,0 +1,560 @@
+"""The phase classifier: snapshots in, a verdict out. Pure: no I/O, no clock, no sleeping.
+
+"Why did it say stalled?" is answered here. The rules, in order:
+1. failed   a crash signature in the log (root-cause line as evidence: when no line names the
+            cause yet, one more look waits for the traceback); the process gone (pid
+            mode) or the unit failed, stopped after running, restarted (NRestarts up, MainPID
+            changed, SubState auto-restart: a crash that exits 0 is still a crash); vLLM's
+            /health 503 (dead engine); the URL's port held by a process outside the server.
+2. ready    the ready check passed while the server's own processes are alive.
+3. stalled  no progress on ANY signal for stall_timeout seconds, never earlier.
+4. timeout  the overall deadline passed first.
+5. otherwise the current phase: the latest log marker, refined by evidence (disk reads or GPU
+            memory rising = loading even when the log is silent; reading over and CPU busy =
+            initializing; the port answering = initializing).
+Progress is any of: tree CPU above cpu_threshold cores, read_bytes up by read_threshold, GPU
+memory changed by gpu_memory_threshold MiB (NOT utilisation: a hung NCCL collective spins the
+GPUs at 100 %), new log lines other than hang-time chatter, the process tree changing, the
+phase changing, an HTTP answer changing, systemd's StatusText changing.
+
+The state is a small JSON-able dict (state_dict / from_state), so a caller can persist it
+between one-shot looks.
+"""
+import copy
+import dataclasses
+from typing import Any, Dict, List, Optional
+from urllib.parse import urlparse
+
+from ..common.formatting import mib as _mib
+from ..host import http_probe
+from . import engines
+from .phases import FAILED, INITIALIZING, LOADING, NOT_STARTED, PHASES, READY, STALLED, STARTING, TIMEOUT
+from .status import status_phase
+
+TAIL_LINES = 200
+RATE_WINDOW = 60.0
+
+
+@dataclasses.dataclass
+class Verdict(object):
+    phase: str
+    msg: str
+    evidence: List[str] = dataclasses.field(default_factory=list)
+    terminal: bool = False
+    since: float = 0.0  # when the current phase began (seconds since the wait began)
+    bytes_read: Optional[int] = None
+    read_rate: Optional[float] = None  # bytes/s over the last RATE_WINDOW seconds
+    fraction: Optional[float] = None  # 0..1 of the weights loaded
+    eta: Optional[float] = None  # seconds until loading ends, when it can be estimated
+    shards: Optional[List[int]] = None  # [n, N] from the engine's progress bar
+    gpu: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    restarts: int = 0
+    pid: Optional[int] = None
+    engine: str = "auto"
+    last_progress: Optional[Dict[str, Any]] = None  # {"t", "what"}
+    phases: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+
+def _rank(phase):
+    return PHASES.index(phase) if phase in PHASES else -1
+
+
+def _later(a, b):
+    return a if _rank(a) >= _rank(b) else b
+
+
+STATE_WORDS = {"T": "stopped", "t": "stopped by a tracer", "D": "in uninterruptible disk sleep", "Z": "a zombie"}
+
+
+class Classifier(object):
+    def __init__(self, config, state=None):
+        self.config = config
+        self.state = state if state is not None else {
+            "engine": config.engine,
+            "t0": None, "t_prev": None,
+            "phase": None, "phases": [],
+            "marker_phase": None, "marker_line": None, "ready_hint": False,
+            "shards": None, "load_t": None, "load_read0": None, "completion_hung": False,
+            "cpu_prev": None, "read_prev": None, "gpu_prev": {}, "http_prev": None,
+            "status_prev": None, "pids_prev": None,
+            "last_progress_t": None, "last_progress": None,
+            "read_samples": [], "last_read_t": None, "disk_loading_seen": False,
+            "tail": [], "fatal": None, "fatal_waited": False,
+            "main_pid": None, "nrestarts": None, "seen_running": False,
+            "listen_url": None,
+        }
+
+    def state_dict(self):
+        return copy.deepcopy(self.state)
+
+    @property
+    def completion_hung(self):
+        """The last look's completion timed out, and it was the first to, or nothing moved since
+        the one before: the next look may ask with a short timeout."""
+        return bool(self.state.get("completion_hung"))
+
+    @classmethod
+    def from_state(cls, config, state):
+        return cls(config, copy.deepcopy(state))
+
+    # -- logs ---------------------------------------------------------------------------
+    def _read_logs(self, lines, context):
+        """Fold log lines into the state; return how many count as progress."""
+        st = self.state
+        # In a first read that may hold earlier runs, a crash line counts only after the
+        # marker that starts a run (the current one, as far as the read shows).
+        run_seen = not context
+        progress = 0
+        for line in lines:
+            if st["engine"] == "auto":
+                st["engine"] = engines.detect_engine(line) or "auto"
+            kind, hint = engines.classify_line(st["engine"], line)
+            if kind == "probe":
+                continue
+            if kind == "run_start":
+                run_seen = True
+                st.update(tail=[], fatal=None, fatal_waited=False, shards=None, marker_phase=STARTING, marker_line=line,
+                          ready_hint=False)
+            st["tail"] = (st["tail"] + [line])[-TAIL_LINES:]
+            if engines.listen_url(line):
+                st["listen_url"] = engines.listen_url(line)
+            if kind == "fatal" and run_seen and st["fatal"] is None:
+                st["fatal"] = line
+            if kind == "heartbeat":
+                continue
+            shards = engines.shard_progress(line)
+            if shards is not None:
+                if list(shards) != st["shards"] and not context:
+                    progress += 1  # a redraw of the same n/N is no news
+                st["shards"] = list(shards)
+                hint = engines.LOADING
+                kind = "marker"
+            elif not context:
+                progress += 1
+            if kind == "marker":
+                if hint == engines.READY_HINT:
+                    st["ready_hint"] = True
+                    hint = INITIALIZING
+                st["marker_phase"] = _later(hint, st["marker_phase"] or STARTING)
+                st["marker_line"] = line
+        return progress
+
+    # -- the verdict --------------------------------------------------------------------
+    def observe(self, snap):
+        st = self.state
+        cfg = self.config
+        first = st["t0"] is None
+        if first:
+            st["t0"] = snap.t
+        t = snap.t - st["t0"]
+        proc = snap.process or {}
+        events = []
+
+        self._read_logs(snap.log_context, context=True)
+        new_lines = self._read_logs(snap.log_lines, context=False)
+        if new_lines:
+            events.append("%d new log line%s" % (new_lines, "" if new_lines == 1 else "s"))
+
+        cpu_rate = self._cpu_rate(snap, proc)
+        if cpu_rate is not None and cpu_rate >= cfg.cpu_threshold:
+            events.append("CPU %.2f cores" % cpu_rate)
+        read_delta = self._read_delta(snap, proc)
+        if read_delta is not None and read_delta >= cfg.read_threshold:
+            events.append("read_bytes +%s" % _mib(read_delta))
+            st["last_read_t"] = t
+            st["disk_loading_seen"] = True
+        gpu_changes = {}
+        for gpu in snap.gpus:
+            key = str(gpu["index"])
+            prev = st["gpu_prev"].get(key)
+            used = gpu.get("memory_used_mib")
+            if prev is not None and used is not None and abs(used - prev) >= cfg.gpu_memory_threshold:
+                gpu_changes[key] = used - prev
+            if used is not None:
+                st["gpu_prev"][key] = used
+        if gpu_changes:
+            biggest = max(gpu_changes.values(), key=abs)
+            events.append("GPU memory %+d MiB on GPU %s" % (biggest, ",".join(sorted(gpu_changes, key=int))))
+        gpu_rising = any(change > 0 for change in gpu_changes.values())
+        pids = sorted(proc.get("pids") or [])
+        if st["pids_prev"] is not None and pids != st["pids_prev"]:
+            events.append("process tree changed (%d processes)" % len(pids))
+        st["pids_prev"] = pids
+        http_sig = self._http_signature(snap.http)
+        if st["http_prev"] is not None and http_sig != st["http_prev"]:
+            events.append("HTTP now %s" % http_sig)
+        st["http_prev"] = http_sig
+        status_text = (snap.unit or {}).get("StatusText")
+        if st["status_prev"] is not None and status_text != st["status_prev"]:
+            events.append("systemd status %r" % status_text)
+        st["status_prev"] = status_text
+        st["status_phase"] = status_phase(status_text)
+
+        self._track_reads(t, proc.get("read_bytes"))
+        alive = self._alive(snap, proc)
+        verdict = self._failure(snap, t, proc, alive)
+        if verdict is None:
+            phase = self._phase(t, alive, read_delta, gpu_rising, cpu_rate, snap.http)
+            if phase != st["phase"]:
+                if st["phase"] is not None:
+                    events.append("phase %s -> %s" % (st["phase"], phase))
+            if first or events:
+                st["last_progress_t"] = t
+                st["last_progress"] = "; ".join(events[:4]) if events else "first look"
+            # A completion that timed out once is asked again with a short timeout (the waiter's
+            # choice) while nothing else moves: a hung engine costs one full completion_timeout,
+            # not one per look. Any progress, or an answer, gives the next one its full time again.
+            timed_out = ((snap.http or {}).get("completion") or {}).get("kind") == "timeout"
+            st["completion_hung"] = timed_out and not (st.get("completion_hung") and events)
+            verdict = self._verdict_for(phase, t, snap, proc, alive, cpu_rate)
+        self._enter(verdict.phase, t)
+        st["t_prev"] = snap.t
+        return self._fill(verdict, t, snap, proc)
+
+    def _cpu_rate(self, snap, proc):
+        st = self.state
+        cpu = proc.get("cpu_seconds")
+        rate = None
+        if cpu is not None and st["cpu_prev"] is not None and st["t_prev"] is not None and snap.t > st["t_prev"]:
+            rate = max(0.0, cpu - st["cpu_prev"]) / (snap.t - st["t_prev"])
+        if cpu is not None:
+            st["cpu_prev"] = cpu
+        return rate
+
+    def _read_delta(self, snap, proc):
+        st = self.state
+        rbytes = proc.get("read_bytes")
+        delta = None
+        if rbytes is not None and st["read_prev"] is not None:
+            delta = max(0, rbytes - st["read_prev"])
+        if rbytes is not None:
+            st["read_prev"] = rbytes
+        return delta
+
+    def _track_reads(self, t, rbytes):
+        if rbytes is None:
+            return
+        samples = self.state["read_samples"] + [[t, rbytes]]
+        # Keep one sample at or before the window's start, so the rate spans the whole window.
+        while len(samples) > 2 and samples[1][0] <= t - RATE_WINDOW:
+            samples.pop(0)
+        self.state["read_samples"] = samples
+
+    @staticmethod
+    def _http_signature(http):
+        if not http:
+            return None
+        parts = []
+        for name in ("health", "models", "completion"):
+            result = http.get(name)
+            if result:
+                parts.append("/%s %s" % (name, result["code"] if result["kind"] == "status" else result["kind"]))
+        return ", ".join(parts)
+
+    def _alive(self, snap, proc):
+        if self.config.unit:
+            unit = snap.unit or {}
+            return unit.get("ActiveState") in ("active", "activating", "reloading") and bool(proc.get("alive", True))
+        return bool(proc.get("alive"))
+
+    # -- failures -----------------------------------------------------------------------
+    def _failure(self, snap, t, proc, alive):
+        st = self.state
+        cfg = self.config
+        holder = self._foreign_listener(snap, proc)
+        # A server that died of "Address already in use" is best told who holds the port.
+        held = ("; port %d is held by another process (pid %d, %s)" % (cfg.port(), holder["pid"], holder.get("comm") or "?")
+                if holder else "")
+        if st["fatal"] is not None:
+            cause = engines.root_cause(st["tail"], st["fatal"])
+            if cause[0] == st["fatal"] and alive and not st["fatal_waited"]:
+                # No line names the cause yet: its traceback may arrive with the next look.
+                st["fatal_waited"] = True
+                return None
+            return Verdict(FAILED, "failed: the server logged a fatal error: %s%s" % (cause[0].strip(), held),
+                           evidence=cause, terminal=True)
+        if cfg.unit:
+            verdict = self._unit_failure(snap, t)
+            if verdict is not None:
+                return verdict
+        elif not alive:
+            pid = proc.get("root_pid") or cfg.pid
+            evidence = self._crash_evidence()
+            # The exception it died of belongs in the message, not only in the evidence.
+            cause = (": %s" % evidence[0].strip()[:300]
+                     if evidence and engines.EXCEPTION_LINE.search(evidence[0]) else "")
+            return Verdict(FAILED, "failed: process %s exited %s into the wait, in phase %s%s%s"
+                           % (pid, self._secs(t), st["phase"] or STARTING, cause, held),
+                           evidence=evidence, terminal=True)
+        health = (snap.http or {}).get("health") or {}
+        if st["engine"] == "vllm" and health.get("kind") == "status" and health.get("code") == 503:
+            return Verdict(FAILED, "failed: vLLM's /health answers 503: its engine core is dead",
+                           evidence=self._crash_evidence(), terminal=True)
+        ours = proc.get("pids") or []
+        if holder and ours:
+            return Verdict(FAILED, "failed: port %d is held by another process (pid %d, %s), not by the "
+                           "server's processes %s: stop it or change the port"
+                           % (cfg.port(), holder["pid"], holder.get("comm") or "?", sorted(ours)[:8]),
+                           evidence=self._crash_evidence(), terminal=True)
+        return None
+
+    def _foreign_listener(self, snap, proc):
+        """The first process outside the server's tree that listens on the URL's port, or None."""
+        if not snap.listeners or not self.config.url_is_local():
+            return None
+        ours = set(proc.get("pids") or [])
+        foreign = [o for o in snap.listeners if o.get("pid") is not None and o["pid"] not in ours]
+        return foreign[0] if foreign else None
+
+    def _unit_failure(self, snap, t):
+        st = self.state
+        unit = snap.unit
+        if unit is None:
+            return None
+        name = self.config.unit
+        if unit.get("LoadState") == "not-found":
+            return Verdict(FAILED, "failed: unit %s does not exist" % name, terminal=True)
+        running = unit.get("ActiveState") in ("active", "activating", "reloading")
+        main_pid = unit.get("MainPID") or 0
+        restarts = unit.get("NRestarts")
+        if st["nrestarts"] is None and restarts is not None:
+            st["nrestarts"] = restarts
+        detail = "ActiveState=%s, SubState=%s, Result=%s, exit status %s" % (
+            unit.get("ActiveState"), unit.get("SubState"), unit.get("Result"), unit.get("ExecMainStatus"))
+        if unit.get("StatusText"):
+            # A notify unit's last word, e.g. its launcher's "stalled: no progress for 600 s ...".
+            detail += '; status "%s"' % unit["StatusText"][:300]
+        if restarts is not None and st["nrestarts"] is not None and restarts > st["nrestarts"]:
+            return Verdict(FAILED, "failed: unit %s restarted %d time(s) during the wait (NRestarts %d -> %d; %s): "
+                           "its server crashed" % (name, restarts - st["nrestarts"], st["nrestarts"], restarts, detail),
+                           evidence=self._crash_evidence(), terminal=True)
+        if st["main_pid"] and main_pid and main_pid != st["main_pid"]:
+            return Verdict(FAILED, "failed: unit %s's main process changed from %d to %d %s into the wait: "
+                           "the server restarted (%s)" % (name, st["main_pid"], main_pid, self._secs(t), detail),
+                           evidence=self._crash_evidence(), terminal=True)
+        if unit.get("SubState") == "auto-restart":
+            return Verdict(FAILED, "failed: unit %s's process exited and systemd waits to restart it (%s)"
+                           % (name, detail), evidence=self._crash_evidence(), terminal=True)
+        if unit.get("ActiveState") == "failed":
+            return Verdict(FAILED, "failed: unit %s failed (%s)" % (name, detail),
+                           evidence=self._crash_evidence(), terminal=True)
+        if not running and st["seen_running"]:
+            return Verdict(FAILED, "failed: unit %s stopped %s into the wait (%s); a crash can exit 0"
+                           % (name, self._secs(t), detail), evidence=self._crash_evidence(), terminal=True)
+        if running:
+            st["seen_running"] = True
+            if main_pid and not st["main_pid"]:
+                st["main_pid"] = main_pid
+        return None
+
+    def _crash_evidence(self):
+        tail = self.state["tail"]
+        if any(engines.EXCEPTION_LINE.search(line) for line in tail):
+            return engines.root_cause(tail)
+        return tail[-engines.TRACEBACK_TAIL:]
+
+    # -- phases -------------------------------------------------------------------------
+    def _phase(self, t, alive, read_delta, gpu_rising, cpu_rate, http):
+        st = self.state
+        cfg = self.config
+        if not alive:
+            return NOT_STARTED
+        phase = st["marker_phase"] or STARTING
+        if st.get("status_phase"):
+            # A notify unit's launcher names the phase in its STATUS=: as good as a log marker.
+            phase = _later(phase, st["status_phase"])
+        reading = read_delta is not None and read_delta >= cfg.read_threshold
+        if phase == STARTING and (reading or gpu_rising) and self._silent_load_possible():
+            phase = LOADING  # the log is silent, the disk or the GPUs are not
+        if st["phase"] in PHASES:
+            # The phases only move forward: a server that really restarts is a failure (a new
+            # MainPID, NRestarts up, the watched pid gone), so a late run-start line is not one.
+            phase = _later(phase, st["phase"])
+        if phase == LOADING and st["load_t"] is None:
+            st["load_t"] = t
+            # What the tree had read before loading began (imports, libraries) is not weights.
+            st["load_read0"] = None if st["read_prev"] is None else st["read_prev"] - (read_delta or 0)
+        if phase == LOADING and self._load_done(t, cpu_rate):
+            phase = INITIALIZING
+        if http and http.get("listening"):
+            phase = _later(phase, INITIALIZING)  # the port answers only after loading
+        return phase
+
+    def _silent_load_possible(self):
+        """Whether disk reads or GPU memory may stand for loading that the log does not announce."""
+        st = self.state
+        if not (self.config.unit or self.config.log_path or self.config.follows_log):
+            return True  # no log: only the disk and the GPUs can tell
+        # Before the engine's first line of this run, its processes import Python and set up
+        # CUDA (busy CPU, reads from a cold page cache): that is starting, not loading.
+        return st["marker_phase"] is not None and st["engine"] not in engines.LOGS_LOAD_START
+
+    def _load_done(self, t, cpu_rate):
+        st = self.state
+        cfg = self.config
+        shards = st["shards"]
+        if shards and shards[0] >= shards[1] > 0:
+            return True
+        rbytes = st["read_prev"]
+        # The model's size read since loading began, and loading shown for a look at least: the
+        # reads of the look it began in can still be imports, larger than a small model.
+        if (cfg.expected_bytes and rbytes is not None and st.get("load_read0") is not None
+                and st["phase"] == LOADING and rbytes - st["load_read0"] >= cfg.expected_bytes):
+            return True
+        # Reading from disk happened and stopped a while ago, and the CPU still works: the
+        # silent CPU-bound initialisation (kernel JIT, graph capture) has begun.
+        return bool(st["disk_loading_seen"] and st["last_read_t"] is not None
+                    and t - st["last_read_t"] >= cfg.load_quiet_window
+                    and cpu_rate is not None and cpu_rate >= cfg.cpu_threshold)
+
+    def _verdict_for(self, phase, t, snap, proc, alive, cpu_rate):
+        st = self.state
+        cfg = self.config
+        http = snap.http or {}
+        # A Type=notify unit is ready for systemd (and units ordered After= it) only once its
+        # launcher sent READY=1; until then `ready` here would run ahead of `systemctl start`.
+        awaiting_notify = self._awaiting_ready_notification(snap.unit)
+        if http.get("ready") and alive and not awaiting_notify:
+            return Verdict(READY, "ready after %s: %s" % (self._secs(t), self._ready_reason(http)),
+                           evidence=[st["marker_line"]] if st["marker_line"] else [], terminal=False)
+        quiet = t - st["last_progress_t"]
+        notes = self._http_notes(http)
+        if quiet >= cfg.stall_timeout:
+            return Verdict(STALLED, "stalled: no progress for %s in phase %s (last progress: %s at +%s; %s)%s"
+                           % (self._secs(quiet), phase, st["last_progress"], self._secs(st["last_progress_t"]),
+                              self._picture(snap, proc, cpu_rate), notes),
+                           evidence=self._hang_evidence(http), terminal=True)
+        if cfg.timeout and t >= cfg.timeout:
+            return Verdict(TIMEOUT, "timeout: not ready after %s; in phase %s since +%s, last progress %s ago (%s); %s%s"
+                           % (self._secs(t), phase, self._secs(self._phase_start(phase, t)),
+                              self._secs(quiet), st["last_progress"], self._picture(snap, proc, cpu_rate), notes),
+                           evidence=self._hang_evidence(http), terminal=True)
+        msg = "%s since +%s: %s" % (phase, self._secs(self._phase_start(phase, t)), self._picture(snap, proc, cpu_rate))
+        if http.get("ready") and awaiting_notify:
+            msg += "; the completion answers, the unit waits for its launcher's READY=1"
+        if st["ready_hint"]:
+            msg += "; the engine logged that it is ready but the %s check does not pass yet" % cfg.ready_check
+        return Verdict(phase, msg + notes, evidence=[st["marker_line"]] if st["marker_line"] else [])
+
+    @staticmethod
+    def _awaiting_ready_notification(unit):
+        unit = unit or {}
+        return unit.get("Type") == "notify" and unit.get("ActiveState") == "activating"
+
+    def _http_notes(self, http):
+        """Why the HTTP answers cannot pass, when the reason is plain: a wrong port, a missing key."""
+        notes = []
+        logged = self.state.get("listen_url")
+        health = http.get("health") or {}
+        if logged and health.get("kind") == "refused":
+            try:
+                logged_port = urlparse(logged).port
+            except ValueError:
+                logged_port = None
+            if logged_port and logged_port != self.config.port():
+                notes.append("the server logged that it listens on %s, not on port %d of the url: fix the url"
+                             % (logged, self.config.port()))
+        denied = [name for name in ("models", "completion")
+                  if (http.get(name) or {}).get("kind") == "status" and http[name]["code"] in (401, 403)]
+        if denied:
+            notes.append("/%s answers %d: %s" % (denied[0], http[denied[0]]["code"],
+                                                 "the api_key was refused" if self.config.api_key
+                                                 else "the server wants an api_key"))
+        return "".join("; " + note for note in notes)
+
+    def _hang_evidence(self, http):
+        """The last log lines, after a hung request's own account: a hung vLLM still answers /health."""
+        evidence = self.state["tail"][-10:]
+        completion = http.get("completion") or {}
+        if completion.get("kind") == "timeout":
+            evidence = ["POST /v1/completions (model %r): %s, while GET /health answered %s"
+                        % (http.get("model"), completion.get("error"), http_probe.describe(http.get("health")))] + evidence
+        return evidence
+
+    def _ready_reason(self, http):
+        check = self.config.ready_check
+        if check == "completion":
+            return "a completion for model %r answered 200 with choices" % http.get("model")
+        return "GET /%s answered 200" % ("health" if check == "health" else "v1/models")
+
+    def _picture(self, snap, proc, cpu_rate):
+        """What the signals show now, in words, for messages."""
+        parts = []
+        if cpu_rate is not None:
+            parts.append("CPU %.2f cores" % cpu_rate)
+        if proc.get("read_bytes") is not None:
+            parts.append("read_bytes %s" % _mib(proc["read_bytes"]))
+        if self.state["shards"]:
+            parts.append("shards %d/%d" % tuple(self.state["shards"]))
+        if snap.gpus:
+            parts.append("GPU memory %s MiB, utilisation %s %%" % (
+                "/".join(str(g.get("memory_used_mib")) for g in snap.gpus),
+                "/".join(str(g.get("utilization")) for g in snap.gpus)))
+        sig = self._http_signature(snap.http)
+        if sig:
+            parts.append("HTTP " + sig)
+        odd = ["process %s state %s (%s)" % (pid, state, STATE_WORDS[state])
+               for pid, state in sorted((proc.get("states") or {}).items()) if state in STATE_WORDS]
+        parts.extend(odd[:4])
+        return ", ".join(parts) or "no signals"
+
+    # -- bookkeeping --------------------------------------------------------------------
+    def _phase_start(self, phase, t):
+        for entry in reversed(self.state["phases"]):
+            if entry["phase"] == phase:
+                return entry["start"]
+        return t
+
+    def _enter(self, phase, t):
+        phases = self.state["phases"]
+        if not phases or phases[-1]["phase"] != phase:
+            phases.append({"phase": phase, "start": round(t, 1), "duration": 0.0})
+        phases[-1]["duration"] = max(0.0, round(t - phases[-1]["start"], 1))  # start is rounded too
+        self.state["phase"] = phase
+
+    def _fill(self, verdict, t, snap, proc):
+        st = self.state
+        cfg = self.config
+        verdict.since = self._phase_start(verdict.phase, t)
+        verdict.bytes_read = proc.get("read_bytes")
+        samples = st["read_samples"]
+        if len(samples) >= 2 and samples[-1][0] > samples[0][0]:
+            verdict.read_rate = round((samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0]), 1)
+        verdict.shards = st["shards"]
+        loaded = _rank(st["phase"]) > _rank(LOADING) if st["phase"] in PHASES else False
+        if st["shards"]:
+            verdict.fraction = round(float(st["shards"][0]) / st["shards"][1], 4) if st["shards"][1] else None
+        elif cfg.expected_bytes and verdict.bytes_read is not None:
+            verdict.fraction = round(min(float(verdict.bytes_read) / cfg.expected_bytes, 0.99), 4)
+        if loaded and verdict.fraction is not None:
+            verdict.fraction = 1.0
+        if st["phase"] == LOADING:
+            verdict.eta = self._eta(t, verdict)
+        verdict.gpu = [{"index": g["index"], "memory_used_mib": g.get("memory_used_mib"),
+                        "utilization": g.get("utilization")} for g in snap.gpus]
+        unit = snap.unit or {}
+        if unit.get("NRestarts") is not None and st["nrestarts"] is not None:
+            verdict.restarts = unit["NRestarts"] - st["nrestarts"]
+        verdict.pid = unit.get("MainPID") or proc.get("root_pid") or cfg.pid
+        verdict.engine = st["engine"]
+        if st["last_progress_t"] is not None:
+            verdict.last_progress = {"t": round(st["last_progress_t"], 1), "what": st["last_progress"]}
+        verdict.phases = copy.deepcopy(st["phases"])
+        return verdict
+
+    def _eta(self, t, verdict):
+        cfg = self.config
+        if cfg.expected_bytes and verdict.read_rate and verdict.bytes_read is not None:
+            return round(max(0.0, cfg.expected_bytes - verdict.bytes_read) / verdict.read_rate, 1)
+        shards = self.state["shards"]
+        load_t = self.state["load_t"]
+        if shards and shards[0] > 0 and load_t is not None and t > load_t:
+            return round((t - load_t) / shards[0] * (shards[1] - shards[0]), 1)
+        return None
+
+    @staticmethod
+    def _secs(seconds):
+        return "%d s" % round(seconds)

@@ -1,0 +1,152 @@
+"""The wait's settings, validated up front: bad input fails before anything is observed."""
+import dataclasses
+import glob
+import ipaddress
+import os
+import re
+import socket
+from typing import List, Optional
+
+from urllib.parse import urlparse
+
+from ..common.errors import InputError
+
+ENGINES = ("sglang", "vllm", "auto")
+READY_CHECKS = ("completion", "health", "models")
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
+UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\@-]+$")
+
+
+@dataclasses.dataclass
+class WaitConfig(object):
+    url: str
+    engine: str = "auto"
+    unit: Optional[str] = None
+    pid: Optional[int] = None
+    log_path: Optional[str] = None
+    # The engine's output reaches the classifier by another way than unit/log_path (the
+    # launcher's pipe): reads before its first line are imports, not silent loading.
+    follows_log: bool = False
+    ready_check: str = "completion"
+    model: Optional[str] = None
+    api_key: Optional[str] = dataclasses.field(default=None, repr=False)
+    timeout: float = 3600
+    stall_timeout: float = 600
+    poll_interval: float = 5
+    model_path: Optional[str] = None
+    expected_bytes: Optional[int] = None
+    gpus: Optional[List[int]] = None
+    progress_path: Optional[str] = None
+    # Progress thresholds: above them a signal counts as "the server is doing something".
+    # Idle Python threads burn a little CPU; a SIGSTOPped or deadlocked tree burns none.
+    cpu_threshold: float = 0.05  # cores, averaged since the previous poll
+    read_threshold: int = 1024 * 1024  # bytes read from disk since the previous poll
+    gpu_memory_threshold: int = 64  # MiB change on any watched GPU
+    # Reading stopped this long while the CPU works: loading is over, initialisation runs.
+    load_quiet_window: float = 60
+    completion_timeout: float = 30
+
+    def port(self):
+        parsed = urlparse(self.url)
+        return parsed.port or (443 if parsed.scheme == "https" else 80)
+
+    def url_is_local(self):
+        """The URL names this host's loopback or wildcard address: its port's owner is visible here."""
+        host = urlparse(self.url).hostname or ""
+        if host == "localhost":
+            return True
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return address.is_loopback or address.is_unspecified
+
+
+def weights_size(model_path):
+    """Total bytes of the weight files in model_path (the first pattern that matches any)."""
+    for pattern in WEIGHT_PATTERNS:
+        files = glob.glob(os.path.join(model_path, pattern))
+        if files:
+            return sum(os.path.getsize(f) for f in files)
+    return 0
+
+
+def _number(params, name, minimum, strict=False):
+    value = params.get(name)
+    if value is None:
+        return None
+    if strict and value <= minimum:
+        raise InputError(name, "must be greater than %s, got %s" % (minimum, value))
+    if value < minimum:
+        raise InputError(name, "must be %s or more, got %s" % (minimum, value))
+    return value
+
+
+def build_config(params, proc_root="/proc", resuming=False):
+    """A WaitConfig from the module's parameters; raises InputError naming the bad field.
+
+    resuming: a later slice of a wait that began with these parameters; the pid was checked
+    then, and a server that died since is the classifier's verdict, not bad input."""
+    url = params.get("url") or ""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise InputError("url", "must be an http:// or https:// base URL with a host, such as "
+                                "http://127.0.0.1:30001; got %r" % url)
+    try:
+        parsed.port
+    except ValueError:
+        raise InputError("url", "has an invalid port: %r" % url)
+    try:
+        socket.getaddrinfo(parsed.hostname, None)
+    except socket.gaierror as exc:
+        raise InputError("url", "host %r cannot be resolved (%s): fix the URL or the host's DNS"
+                         % (parsed.hostname, exc.strerror))
+    unit, pid = params.get("unit"), params.get("pid")
+    if (unit is None) == (pid is None):
+        raise InputError("unit", "give exactly one of unit (a systemd unit) and pid (a process id)")
+    if unit is not None and not UNIT_NAME.match(unit):
+        raise InputError("unit", "%r is not a systemd unit name" % unit)
+    if pid is not None:
+        if pid <= 0:
+            raise InputError("pid", "must be a positive process id, got %s" % pid)
+        if not resuming and not os.path.exists(os.path.join(proc_root, str(pid))):
+            raise InputError("pid", "no process with pid %d is running on this host; give the "
+                                    "server's current pid or use unit" % pid)
+    config = WaitConfig(
+        url=url,
+        engine=params.get("engine") or "auto",
+        unit=unit,
+        pid=pid,
+        log_path=params.get("log_path"),
+        ready_check=params.get("ready_check") or "completion",
+        model=params.get("model"),
+        api_key=params.get("api_key"),
+        timeout=_number(params, "timeout", 0) if params.get("timeout") is not None else 3600,
+        stall_timeout=_number(params, "stall_timeout", 0, strict=True) or 600,
+        poll_interval=_number(params, "poll_interval", 0, strict=True) or 5,
+        model_path=params.get("model_path"),
+        expected_bytes=_number(params, "expected_bytes", 0),
+        gpus=params.get("gpus"),
+        progress_path=params.get("progress_path"),
+        completion_timeout=_number(params, "completion_timeout", 0, strict=True) or 30,
+    )
+    if config.engine not in ENGINES:
+        raise InputError("engine", "must be one of %s, got %r" % (", ".join(ENGINES), config.engine))
+    if config.ready_check not in READY_CHECKS:
+        raise InputError("ready_check", "must be one of %s, got %r" % (", ".join(READY_CHECKS), config.ready_check))
+    for index in config.gpus or []:
+        if index < 0:
+            raise InputError("gpus", "GPU indices are 0 or more, got %s" % index)
+    if config.model_path is not None:
+        if not os.path.isdir(config.model_path):
+            raise InputError("model_path", "directory %s does not exist on this host" % config.model_path)
+        size = weights_size(config.model_path)
+        if size == 0:
+            raise InputError("model_path", "%s holds no weight files (%s)" % (config.model_path, ", ".join(WEIGHT_PATTERNS)))
+        if config.expected_bytes is None:
+            config.expected_bytes = size
+    for field in ("log_path", "progress_path"):
+        path = getattr(config, field)
+        if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise InputError(field, "the directory of %s does not exist" % path)
+    return config

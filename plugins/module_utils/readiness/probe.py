@@ -1,0 +1,119 @@
+"""HostProbe: gathers one Snapshot from the host (processes, unit, GPUs, logs, HTTP)."""
+from ..host import http_probe, procfs, systemd
+from ..common.command import run_command
+from ..common.errors import InputError
+from ..host.gpu import GpuReader
+from ..host.logs import FileTailer, JournalReader
+from .snapshot import Snapshot
+
+
+class HostProbe(object):
+    """Reads every signal the config names. Construct it after validation: it checks that the
+    unit exists (or remembers the identity of the pid) and raises InputError otherwise. With
+    `state` (state_dict() of the probe of an earlier call of the same wait) it continues that one."""
+
+    def __init__(self, config, runner=run_command, proc_root="/proc", nvml=None, state=None):
+        self.config = config
+        self.runner = runner
+        self.proc_root = proc_root
+        self.counter = procfs.TreeCounter()
+        self.gpus = GpuReader(config.gpus, nvml=nvml, runner=runner)
+        self.sources = []
+        self.journal = None
+        self.root_start = None
+        if config.unit:
+            try:
+                props = systemd.unit_properties(config.unit, runner)
+            except systemd.SystemdError as exc:
+                raise InputError("unit", "cannot ask systemd about %s: %s" % (config.unit, exc))
+            if props.get("LoadState") == "not-found":
+                raise InputError("unit", "unit %s does not exist on this host" % config.unit)
+            self.journal = JournalReader(config.unit, runner=runner,
+                                         invocation_id=props.get("InvocationID") or None)
+            self.sources.append(self.journal)
+        elif state is None:
+            root = procfs.read_process(config.pid, proc_root)
+            if procfs.is_gone(root):
+                raise InputError("pid", "no process with pid %d is running on this host" % config.pid)
+            # A pid can be reused: the start time tells the server from a newcomer.
+            self.root_start = root["starttime"]
+        if config.log_path:
+            self.sources.append(FileTailer(config.log_path))
+        if state is not None:
+            self._restore(state)
+
+    def state_dict(self):
+        """What a later call needs to continue this probe (a wait in slices): the server's
+        identity, the tree's counters, where each log source stopped. JSON-able."""
+        return {"root_start": self.root_start, "counter": self.counter.state_dict(),
+                "sources": [source.state_dict() for source in self.sources]}
+
+    def _restore(self, state):
+        # The server was identified when the wait began; it may have died since, and that is
+        # the classifier's verdict to give, not bad input: so no identity check here.
+        self.root_start = state["root_start"]
+        self.counter = procfs.TreeCounter.from_state(state["counter"])
+        for source, saved in zip(self.sources, state["sources"]):
+            source.restore(saved)
+
+    def _processes(self, unit):
+        if self.config.unit:
+            if unit is None:
+                return None, {}
+            main = unit.get("MainPID") or 0
+            roots = procfs.cgroup_pids(unit.get("ControlGroup"), main, self.proc_root) or ([main] if main else [])
+            processes = procfs.tree(roots, self.proc_root)
+            live = dict((p, i) for p, i in processes.items() if not procfs.is_gone(i))
+            if main in live and systemd.is_launcher(live[main]["cmdline"]):
+                # A notify unit's main process is modelwake's launcher: its own looks (HTTP probes,
+                # nvidia-smi runs it reaps) are not the server's progress. Count the engine only.
+                del live[main]
+            return main or None, live
+        root = procfs.read_process(self.config.pid, self.proc_root)
+        if procfs.is_gone(root) or root["starttime"] != self.root_start:
+            return self.config.pid, {}
+        return self.config.pid, procfs.tree([self.config.pid], self.proc_root)
+
+    def snapshot(self, t, remaining=None):
+        """One look. remaining: the most seconds its HTTP probes may take (None: completion_timeout)."""
+        cfg = self.config
+        errors = []
+        unit = None
+        if cfg.unit:
+            try:
+                unit = systemd.unit_properties(cfg.unit, self.runner)
+            except systemd.SystemdError as exc:
+                errors.append(str(exc))
+        root_pid, processes = self._processes(unit)
+        cpu_seconds, read_bytes = self.counter.update(processes)
+        process = {
+            "root_pid": root_pid,
+            "alive": bool(processes) and (cfg.unit is not None or cfg.pid in processes),
+            "pids": sorted(processes),
+            "cpu_seconds": round(cpu_seconds, 2),
+            "read_bytes": read_bytes,
+            "states": dict((str(p), i["state"]) for p, i in processes.items()),
+            "comms": dict((str(p), i["comm"]) for p, i in processes.items()),
+        }
+        try:
+            gpus = self.gpus.read()
+        except Exception as exc:  # a driver error must not end the wait: GPUs are one signal of many
+            gpus = []
+            errors.append("GPU read failed: %s" % exc)
+        if self.gpus.error and not self.gpus.no_gpu_tools:
+            errors.append(self.gpus.error)
+        new_lines, context = [], []
+        for source in self.sources:
+            lines = source.read_new()
+            (context if source.last_read_context else new_lines).extend(lines)
+            if getattr(source, "error", None):
+                errors.append(source.error)
+        budget = cfg.completion_timeout if remaining is None else max(1.0, min(cfg.completion_timeout, remaining))
+        http = http_probe.probe_ready(cfg.url, cfg.ready_check, cfg.model, cfg.api_key,
+                                      health_timeout=min(http_probe.HEALTH_TIMEOUT, budget),
+                                      completion_timeout=budget)
+        listeners = None
+        if http["listening"] and cfg.url_is_local():
+            listeners = procfs.listening_socket_owners(cfg.port(), self.proc_root)
+        return Snapshot(t=t, process=process, unit=unit, gpus=gpus, log_lines=new_lines,
+                        log_context=context, http=http, listeners=listeners, errors=errors)

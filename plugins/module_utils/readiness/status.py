@@ -1,0 +1,74 @@
+"""The launcher's STATUS= text: written by the Type=notify launcher, read back by the classifier.
+
+One definition for both sides. The text is one line (a newline would end the field) of at most
+STATUS_CHARS characters, and its first word says the phase:
+  starting the engine                                  launcher started, no verdict yet
+  starting: <marker> (since 4s)                        a phase with the log line that began it
+  loading 45% (29/64 shards, 412 MiB/s, ETA 6m12s)     loading, with what is known of it
+  loading (3.0 GiB read, 575 MiB/s)  /  loading (since 12s)
+  initializing: <marker> (since 1m05s)
+  ready in 14m03s                                      after READY=1
+  <the verdict's message>                              failed / stalled / timeout
+The reader (status_phase) takes only starting, loading and initializing from it: whether the
+server is ready is the ready check's to say, and a failure is the unit's state's.
+"""
+import re
+
+from ..common.formatting import duration, size
+from .phases import INITIALIZING, LOADING, NOT_STARTED, READY, STARTING, TERMINAL
+
+# Phases a STATUS= text may open with and the reader believes.
+STATUS_PHASES = (STARTING, LOADING, INITIALIZING)
+STATUS_CHARS = 200
+SUMMARY_CHARS = 60
+# Engine log prefixes that say nothing in a one-line status: `[2026-05-25 19:06:14 TP0] `,
+# `(EngineCore pid=7) INFO 11-30 12:00:01 [gpu_model_runner.py:1234] `, uvicorn's `INFO:     `.
+LINE_PREFIX = re.compile(r"^(?:\s*(?:\[[^\]]*\]|\([^)]*\)|(?:INFO|WARNING|DEBUG):?|\d\d-\d\d|\d\d:\d\d:\d\d(?:\.\d+)?))+\s*")
+
+
+def one_line(text):
+    """A STATUS value: a newline would end the field and start an unknown key."""
+    return " ".join(str(text).split())
+
+
+def marker_summary(line):
+    """The gist of a log marker: its text without timestamps and ranks, first sentence, short."""
+    text = LINE_PREFIX.sub("", line or "").strip()
+    text = text.split(". ")[0].rstrip(".").strip()
+    text = re.sub(r"\s+\([^)]*\)?$", "", text)  # uvicorn's "(Press CTRL+C to quit)" and the like
+    if len(text) > SUMMARY_CHARS:
+        text = text[:SUMMARY_CHARS - 3].rstrip() + "..."
+    return text
+
+
+def format_status(verdict, elapsed):
+    """The STATUS= text for a verdict: what `systemctl status` shows under the unit's state."""
+    phase = verdict.phase
+    if phase == READY:
+        return "ready in %s" % duration(elapsed)
+    if phase in TERMINAL:
+        return one_line(verdict.msg)[:STATUS_CHARS]
+    if phase == NOT_STARTED:
+        return "starting the engine"
+    since = " (since %s)" % duration(verdict.since)
+    if phase == LOADING:
+        head = "loading" if verdict.fraction is None else "loading %d%%" % int(verdict.fraction * 100)
+        parts = []
+        if verdict.shards:
+            parts.append("%d/%d shards" % tuple(verdict.shards))
+        elif verdict.bytes_read:
+            parts.append("%s read" % size(verdict.bytes_read, mib_digits=0))
+        if verdict.read_rate:
+            parts.append("%s/s" % size(verdict.read_rate, mib_digits=0))
+        if verdict.eta is not None:
+            parts.append("ETA %s" % duration(verdict.eta))
+        return head + (" (%s)" % ", ".join(parts) if parts else since)
+    what = marker_summary(verdict.evidence[0]) if verdict.evidence else ""
+    return phase + (": " + what if what else "") + since
+
+
+def status_phase(status_text):
+    """The phase a unit's StatusText names, or None (another service's text, or none)."""
+    words = (status_text or "").split(None, 1)
+    word = words[0].rstrip(":") if words else ""
+    return word if word in STATUS_PHASES else None

@@ -1,0 +1,136 @@
+#!/usr/bin/python
+# Copyright: (c) modelwake contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Check a model directory and measure how fast this host reads it (GPU preflight)."""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: model_dir_facts
+short_description: Check that a model directory is complete and measure the disk's read rate
+description:
+  - Checks that the directory exists and has C(config.json), that every shard named in
+    C(model.safetensors.index.json) is present with a plausible size (at least half of an even
+    share of the index's C(total_size); without an index, every C(*.safetensors) is non-empty),
+    and sums the shards' sizes.
+  - Reads up to I(read_sample_mib) of the largest shard, after dropping its cached pages with
+    C(posix_fadvise(DONTNEED)), to measure the disk's read rate and estimate the load time.
+  - Never writes anything.
+options:
+  path:
+    description: Absolute path of the model directory.
+    type: path
+    required: true
+  read_sample_mib:
+    description: MiB of one shard to read for the rate measurement; 0 skips it.
+    type: int
+    default: 256
+author: modelwake contributors (@modelwake)
+notes:
+  - Supports check mode; it never changes anything.
+"""
+
+EXAMPLES = r"""
+- name: Check the model and measure the read rate
+  modelwake.serving.model_dir_facts:
+    path: /root/models/Kimi-K2.6
+    read_sample_mib: 256
+  register: gpu_preflight_model
+"""
+
+RETURN = r"""
+shard_count:
+  description: Shards the index names (or *.safetensors files without an index).
+  returned: always
+  type: int
+missing:
+  description: Shards named in the index that are not in the directory.
+  returned: always
+  type: list
+  elements: str
+implausible:
+  description: Shards too small to be real ({name, size}).
+  returned: always
+  type: list
+  elements: dict
+problems:
+  description: Readable problems; empty when the directory is complete.
+  returned: always
+  type: list
+  elements: str
+total_bytes:
+  description: Sum of the shards' sizes.
+  returned: always
+  type: int
+index_total_size:
+  description: The index's metadata.total_size, when it has one.
+  returned: always
+  type: int
+read_bytes:
+  description: Bytes read for the measurement.
+  returned: always
+  type: int
+read_seconds:
+  description: Seconds the measured read took.
+  returned: always
+  type: float
+read_rate_mib:
+  description: Measured read rate in MiB/s (null when not measured).
+  returned: always
+  type: float
+expected_load_seconds:
+  description: total_bytes at the measured rate (null when not measured).
+  returned: always
+  type: float
+expected_load:
+  description: expected_load_seconds, readable (e.g. 16m05s).
+  returned: always
+  type: str
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import InputError
+from ansible_collections.modelwake.serving.plugins.module_utils.common.formatting import duration
+from ansible_collections.modelwake.serving.plugins.module_utils.preflight.modeldir import MIB, inspect, measure_read_rate, problems
+
+
+ARGUMENT_SPEC = {
+    "path": {"type": "path", "required": True},
+    "read_sample_mib": {"type": "int", "default": 256},
+}
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=ARGUMENT_SPEC,
+        supports_check_mode=True,
+    )
+    path = module.params["path"]
+    sample_mib = module.params["read_sample_mib"]
+    if not os.path.isabs(path):
+        module.fail_json(msg="path must be absolute, got %r" % path)
+    if sample_mib < 0:
+        module.fail_json(msg="read_sample_mib must be 0 or more, got %d" % sample_mib)
+    try:
+        found = inspect(path)
+    except InputError as exc:
+        module.fail_json(msg=str(exc))
+    result = dict(found, problems=problems(found), read_bytes=0, read_seconds=None,
+                  read_rate_mib=None, expected_load_seconds=None, expected_load="unknown")
+    result.pop("shards")
+    if sample_mib and found["shards"] and not result["problems"]:
+        largest = max(found["shards"], key=lambda s: s["size"])
+        done, seconds, rate = measure_read_rate(os.path.join(path, largest["name"]), sample_mib * MIB)
+        if done:
+            result.update(read_bytes=done, read_seconds=round(seconds, 3), read_rate_mib=round(rate, 1),
+                          expected_load_seconds=round(found["total_bytes"] / (rate * MIB), 1),
+                          expected_load=duration(found["total_bytes"] / (rate * MIB)))
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,330 @@
+#!/usr/bin/python
+# Copyright: (c) modelwake contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Ansible module: wait until a starting LLM inference server is ready, from evidence."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: wait_for_model_ready
+short_description: Wait for an SGLang or vLLM server to be ready, telling loading from hung from crashed
+description:
+  - Watches a starting inference server (SGLang or vLLM) until a real request succeeds, and says
+    which phase it is in - C(not_started), C(starting), C(loading), C(initializing), C(ready), or
+    the terminal verdicts C(failed), C(stalled), C(timeout).
+  - Instead of one fixed deadline it judges from evidence read on the host - the process tree's CPU
+    time (including reaped children) and disk reads (C(read_bytes)), GPU memory through NVML or
+    C(nvidia-smi), the engine's log lines (journald or a file), systemd's unit state, and HTTP
+    answers. A silent phase with CPU or disk activity is never stalled; a hang is reported once
+    I(stall_timeout) passes with no progress on any signal; a crash is reported within one poll.
+  - Runs on the managed host with the Python standard library alone; C(pynvml) is used when present.
+version_added: "1.0.0"
+author: modelwake contributors (@modelwake)
+options:
+  url:
+    description:
+      - Base URL of the server, such as C(http://127.0.0.1:30001).
+    type: str
+    required: true
+  engine:
+    description:
+      - Which engine's log markers and endpoint meanings apply. C(auto) decides from the log lines.
+    type: str
+    choices: [sglang, vllm, auto]
+    default: auto
+  unit:
+    description:
+      - A systemd unit to watch - its state, C(MainPID), C(NRestarts), every process of its cgroup,
+        and its journal.
+      - Exactly one of I(unit) and I(pid) is required.
+    type: str
+  pid:
+    description:
+      - A process to watch together with all its descendants (no systemd needed).
+      - Exactly one of I(unit) and I(pid) is required.
+    type: int
+  log_path:
+    description:
+      - A log file of the server to follow (with I(unit), in addition to the journal).
+    type: path
+  ready_check:
+    description:
+      - What proves the server ready.
+      - C(completion) posts a real completion (C("2+2="), 4 tokens, temperature 0) and needs a 200
+        answer with C(choices). It is the only check that sees a hung vLLM engine, whose C(/health)
+        stays 200.
+      - C(health) needs C(GET /health) 200.
+      - C(models) needs C(GET /v1/models) 200; SGLang answers it before it is ready.
+    type: str
+    choices: [completion, health, models]
+    default: completion
+  model:
+    description:
+      - Served model name for the completion. Default is the first id listed by C(/v1/models).
+    type: str
+  api_key:
+    description:
+      - "API key of the server, sent as C(Authorization: Bearer <key>). Never logged."
+    type: str
+  timeout:
+    description:
+      - Overall deadline in seconds. C(0) looks once and returns the current phase without failing.
+    type: int
+    default: 3600
+  stall_timeout:
+    description:
+      - Seconds without progress on any signal after which the start counts as C(stalled).
+    type: int
+    default: 600
+  poll_interval:
+    description:
+      - Seconds between the starts of two looks. A look that takes longer (a hung completion) is
+        followed at once.
+    type: float
+    default: 5
+  completion_timeout:
+    description:
+      - Seconds one look waits for the completion of I(ready_check=completion) (and at most for
+        C(/health) and C(/v1/models), 5 s). Must be greater than 0.
+      - After a completion timed out, the following looks wait at most I(poll_interval) for it while
+        the server shows no other progress; any progress, or an answer, gives the next one the full
+        I(completion_timeout) again. So a slow but working server still gets full attempts, and a
+        hung one costs a single full attempt.
+      - Bounds, from the event to the verdict - ready at the end of the first look whose completion
+        answers, which starts at most one I(poll_interval) after the server can answer; a crash at
+        most one I(poll_interval) after the exit; a hang never before I(stall_timeout) after the last
+        progress seen and at most I(stall_timeout) + 2 x I(poll_interval) after it began, plus, when
+        the completion itself hangs, at most I(completion_timeout) more (the one full attempt).
+    type: int
+    default: 30
+  model_path:
+    description:
+      - The model's directory on the host. The size of its weight files gives the loading
+        fraction and ETA. Must exist.
+    type: path
+  expected_bytes:
+    description:
+      - Bytes the server reads while loading, instead of I(model_path) (wins over it when both are given).
+    type: int
+  gpus:
+    description:
+      - Indices of the GPUs to watch. Default is all.
+    type: list
+    elements: int
+  progress_path:
+    description:
+      - A file on the host to which one JSON line per look is appended (the snapshot and the verdict).
+    type: path
+  _resume:
+    description:
+      - Internal; set only by this module's action plugin, which waits in slices to print progress
+        between them. Never set it in a task.
+    type: dict
+    suboptions:
+      slice:
+        description: Seconds this call observes before it returns.
+        type: float
+        required: true
+      state_path:
+        description: The wait's state file on the host, from the previous slice; none for the first.
+        type: path
+notes:
+  - Supports check mode. The module only observes, so it runs normally in check mode.
+  - The task fails unless the phase is C(ready); with I(timeout=0) it never fails on the phase.
+  - Progress means any of - CPU time of the tree above 0.05 cores, 1 MiB more read from disk,
+    64 MiB change of GPU memory, new log lines (not hang-time chatter), a changed process tree,
+    phase, HTTP answer or systemd status text. GPU utilisation is not progress; a hung NCCL
+    collective keeps the GPUs at 100 %.
+seealso:
+  - module: ansible.builtin.wait_for
+  - module: ansible.builtin.uri
+attributes:
+  check_mode:
+    description: It only observes, so it runs as usual in check mode.
+    support: full
+  diff_mode:
+    description: Nothing to compare, it changes nothing.
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Wait until K2.6 answers a completion
+  modelwake.serving.wait_for_model_ready:
+    url: http://127.0.0.1:30001
+    engine: sglang
+    unit: sglang-k26.service
+    model_path: /root/models/Kimi-K2.6
+    api_key: "{{ vault_k26_api_key }}"
+    timeout: 3600
+    stall_timeout: 600
+
+- name: Tell the phase of a vLLM server started by hand, without waiting
+  modelwake.serving.wait_for_model_ready:
+    url: http://127.0.0.1:8000
+    engine: vllm
+    pid: "{{ vllm_pid }}"
+    log_path: /var/log/vllm.log
+    timeout: 0
+  register: model_service_phase
+
+- name: Wait for the health endpoint only, on GPUs 0-3
+  modelwake.serving.wait_for_model_ready:
+    url: http://127.0.0.1:30001
+    unit: sglang-small.service
+    ready_check: health
+    gpus: [0, 1, 2, 3]
+    progress_path: /var/lib/modelwake/sglang-small.progress.jsonl
+"""
+
+RETURN = r"""
+phase:
+  description: The phase at the end - not_started, starting, loading, initializing, ready, failed, stalled or timeout.
+  returned: always
+  type: str
+  sample: ready
+elapsed:
+  description: Seconds the module waited.
+  returned: always
+  type: int
+  sample: 912
+msg:
+  description: What happened, since when, and on what evidence.
+  returned: always
+  type: str
+  sample: "stalled: no progress for 600 s in phase loading (last progress: read_bytes +12.0 MiB at +301 s; process 4242 state T (stopped))"
+phases:
+  description: The phases seen, with start and duration in seconds since the module started.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"phase": "loading", "start": 0.0, "duration": 640.2}, {"phase": "initializing", "start": 640.2, "duration": 270.0}]
+evidence:
+  description: Log lines that justify the verdict; for a crash the root-cause exception first, then the tail of its traceback.
+  returned: always
+  type: list
+  elements: str
+  sample: ["(Worker pid=7) ERROR SafetensorError: Error while deserializing header: incomplete metadata"]
+bytes_read:
+  description: Bytes the server's processes read from disk (read_bytes of the whole tree), null when unreadable.
+  returned: always
+  type: int
+  sample: 588410961920
+read_rate:
+  description: Disk read rate over the last minute, bytes per second, or null.
+  returned: always
+  type: float
+  sample: 602931200.0
+fraction:
+  description: Share of the weights loaded (shards from the engine's progress bar, else bytes against I(model_path)), or null.
+  returned: always
+  type: float
+  sample: 0.45
+eta:
+  description: Estimated seconds until loading ends, or null.
+  returned: always
+  type: float
+  sample: 421.0
+shards:
+  description: The engine's shard progress [n, N], or null.
+  returned: always
+  type: list
+  elements: int
+  sample: [29, 64]
+gpu:
+  description: Watched GPUs at the last look.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"index": 0, "memory_used_mib": 77824, "utilization": 0}]
+restarts:
+  description: How often the unit restarted during the wait (NRestarts increase).
+  returned: always
+  type: int
+  sample: 0
+pid:
+  description: The watched process (I(pid), or the unit's MainPID).
+  returned: always
+  type: int
+  sample: 4242
+engine:
+  description: The engine whose markers applied (auto until the log told).
+  returned: always
+  type: str
+  sample: sglang
+since:
+  description: When the current phase began, seconds since the module started.
+  returned: always
+  type: float
+  sample: 640.2
+last_progress:
+  description: When the last progress was seen and what it was.
+  returned: always
+  type: dict
+  sample: {"t": 905.0, "what": "CPU 1.80 cores"}
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.config import build_config
+from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import ModelWakeError
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.probe import HostProbe
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.resume import wait_slice
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.waiter import wait_for_ready
+
+ARGUMENT_SPEC = dict(
+    url=dict(type="str", required=True),
+    engine=dict(type="str", choices=["sglang", "vllm", "auto"], default="auto"),
+    unit=dict(type="str"),
+    pid=dict(type="int"),
+    log_path=dict(type="path"),
+    ready_check=dict(type="str", choices=["completion", "health", "models"], default="completion"),
+    model=dict(type="str"),
+    api_key=dict(type="str", no_log=True),
+    timeout=dict(type="int", default=3600),
+    stall_timeout=dict(type="int", default=600),
+    poll_interval=dict(type="float", default=5),
+    completion_timeout=dict(type="int", default=30),
+    model_path=dict(type="path"),
+    expected_bytes=dict(type="int"),
+    gpus=dict(type="list", elements="int"),
+    progress_path=dict(type="path"),
+)
+
+# Set only by the action plugin of the same name (plugins/action/wait_for_model_ready.py), which
+# waits in slices to print progress between them: {"slice": seconds, "state_path": path or None}.
+INTERNAL_ARGUMENT_SPEC = dict(
+    _resume=dict(type="dict", options=dict(slice=dict(type="float", required=True),
+                                           state_path=dict(type="path"))),
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(ARGUMENT_SPEC, **INTERNAL_ARGUMENT_SPEC),
+        mutually_exclusive=[("unit", "pid")],
+        required_one_of=[("unit", "pid")],
+        supports_check_mode=True,  # it only observes: check mode runs it as usual
+    )
+    # Popped, so the result's invocation is the same as without the action plugin.
+    resume = module.params.pop("_resume")
+    try:
+        if resume:
+            result = wait_slice(module.params, resume)
+        else:
+            config = build_config(module.params)
+            result = wait_for_ready(config, HostProbe(config))
+    except ModelWakeError as exc:
+        module.fail_json(msg=str(exc), phase="failed", elapsed=getattr(exc, "elapsed", 0))
+    # Through warn(): passing `warnings` to exit_json is deprecated in ansible-core 2.19.
+    for warning in result.pop("warnings", []):
+        module.warn(warning)
+    failed = result.pop("failed")
+    if failed:
+        module.fail_json(changed=False, **result)
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()

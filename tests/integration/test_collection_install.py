@@ -1,0 +1,203 @@
+"""The collection as another team gets it: built, installed into a project of its own, used by FQCN.
+
+`ansible-galaxy collection build` packs this checkout, `ansible-galaxy collection install` puts the
+tarball into a fresh project's collections path, and a playbook there, whose ansible.cfg knows
+nothing of this repository (no library, module_utils, action or roles path), runs every module of
+the collection by its FQCN against localhost: wait_for_model_ready (through its action plugin,
+which prints live progress) on the real simulated engine as a plain process, then model_smoke,
+completion_load, model_dir_facts, gpu_holders (scripted nvidia-smi), python_env_facts,
+compressed_tensors_requirement, pip_transaction (check mode) and model_service_restart_pending.
+Each run is a real AnsiballZ payload built from the installed copy, so a module_utils file the
+module finder misses fails here; the launcher_sources lookup answers from the installed copy too.
+No test host is booted.
+"""
+import glob
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from simharness import SimRunner, make_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.join(ROOT, ".venv", "bin")
+FAKES = os.path.join(ROOT, "tests", "fakes")
+FAST = ["--start-seconds", "1", "--load-rate-mib", "16", "--init-seconds", "1", "--warmup-seconds", "0.5",
+        "--token-seconds", "0.01", "--served-model-name", "k26-sim"]
+
+pytestmark = pytest.mark.slow
+
+PLAYBOOK = """
+- name: Use modelwake.serving by FQCN alone
+  hosts: localhost
+  gather_facts: false
+  vars:
+    modelwake_progress_interval: 2
+  tasks:
+    - name: Wait until the simulated engine answers a completion
+      modelwake.serving.wait_for_model_ready:
+        url: "{{ sim_url }}"
+        pid: "{{ sim_pid | int }}"
+        engine: sglang
+        model_path: "{{ model_path }}"
+        log_path: "{{ log_path }}"
+        poll_interval: 0.5
+        timeout: 120
+        stall_timeout: 60
+      register: ready
+
+    - name: Send one completion
+      modelwake.serving.model_smoke:
+        url: "{{ sim_url }}"
+        model: k26-sim
+      register: smoke
+
+    - name: Measure throughput at two levels
+      modelwake.serving.completion_load:
+        url: "{{ sim_url }}"
+        model: k26-sim
+        levels: [1, 2]
+        requests_per_level: 4
+        max_tokens: 4
+      register: load
+
+    - name: Inspect the model directory
+      modelwake.serving.model_dir_facts:
+        path: "{{ model_path }}"
+        read_sample_mib: 1
+      register: model_dir
+
+    - name: Survey the (scripted) GPUs
+      modelwake.serving.gpu_holders:
+        gpus: [0, 1]
+      environment:
+        PATH: "{{ fakes }}:{{ ansible_env_path }}"
+        MODELWAKE_FAKE_GPU_DIR: "{{ gpu_dir }}"
+      register: gpus
+
+    - name: Read the toolchain's venv
+      modelwake.serving.python_env_facts:
+        venv: "{{ venv }}"
+      register: pyenv
+
+    - name: Derive the compressed-tensors release the model needs
+      modelwake.serving.compressed_tensors_requirement:
+        model_path: "{{ model_path }}"
+      register: ct
+
+    - name: Plan an install that is already satisfied
+      modelwake.serving.pip_transaction:
+        venv: "{{ venv }}"
+        name: pip
+        version: "1.0"
+        match: minimum
+      check_mode: true
+      register: pip
+
+    - name: Ask systemd about a unit that does not exist
+      modelwake.serving.model_service_restart_pending:
+        unit: modelwake-collection-test-none.service
+        paths: []
+      register: pending
+      # This machine may run no systemd at all: then the module's own message says so.
+      failed_when: pending.failed and not (pending.msg is search('systemctl show'))
+
+    - name: List what the launcher would install
+      ansible.builtin.set_fact:
+        launcher_files: "{{ lookup('modelwake.serving.launcher_sources', wantlist=True) | map(attribute='path') | list }}"
+
+    - name: Keep the results for the test
+      ansible.builtin.copy:
+        content: "{{ {'ready': ready, 'smoke': smoke, 'load': load, 'model_dir': model_dir, 'gpus': gpus,
+                      'pyenv': pyenv, 'ct': ct, 'pip': pip, 'pending': pending,
+                      'launcher_files': launcher_files} | to_json }}"
+        dest: "{{ results }}"
+        mode: "0600"
+"""
+
+
+def run(argv, **kwargs):
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, **kwargs)
+    assert proc.returncode == 0, "%s failed (rc %d):\n%s" % (" ".join(argv), proc.returncode, proc.stdout)
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """A project of another team: the installed collection and an ansible.cfg of its own."""
+    build = tmp_path_factory.mktemp("build")
+    # Built from the committed tree's files as a clean clone has them: nothing generated in it.
+    run([os.path.join(BIN, "ansible-galaxy"), "collection", "build", "--output-path", str(build), ROOT])
+    tarballs = glob.glob(str(build / "modelwake-serving-*.tar.gz"))
+    assert len(tarballs) == 1
+    project = tmp_path_factory.mktemp("project")
+    run([os.path.join(BIN, "ansible-galaxy"), "collection", "install", "--collections-path",
+         str(project / "collections"), tarballs[0]], cwd=str(project))
+    (project / "ansible.cfg").write_text(textwrap.dedent("""\
+        [defaults]
+        collections_path = ./collections
+        inventory = ./hosts.yml
+        stdout_callback = default
+        """))
+    (project / "hosts.yml").write_text(textwrap.dedent("""\
+        all:
+          hosts:
+            localhost:
+              ansible_connection: local
+              ansible_python_interpreter: /usr/bin/python3
+        """))
+    (project / "site.yml").write_text(PLAYBOOK)
+    return project
+
+
+def test_the_tarball_holds_the_collection_and_not_the_project(project):
+    installed = project / "collections" / "ansible_collections" / "modelwake" / "serving"
+    manifest = json.loads((installed / "MANIFEST.json").read_text())
+    assert manifest["collection_info"]["version"] == "1.0.0"
+    assert manifest["collection_info"]["license"] == ["GPL-3.0-or-later"]
+    names = set(os.listdir(str(installed)))
+    assert {"plugins", "roles", "meta", "LICENSE", "README.md"} <= names
+    # The project half stays home: inventories, tests, the simulator, the self-link.
+    assert not names & {"inventories", "tests", "engines", "molecule", "library", "ansible_collections", ".venv"}
+    assert sorted(os.listdir(str(installed / "roles"))) == ["gpu_preflight", "inference_env", "model_service"]
+
+
+def test_a_playbook_elsewhere_runs_every_module_by_fqcn(project, tmp_path):
+    sims = SimRunner(tmp_path, FAST)
+    model = make_model(tmp_path / "model", size_mib=8, shards=2)
+    gpu_dir = tmp_path / "gpus"
+    gpu_dir.mkdir()
+    (gpu_dir / "gpus.json").write_text(json.dumps({"gpus": [
+        {"index": i, "name": "NVIDIA H200", "uuid": "GPU-%d" % i, "memory_total_mib": 143771,
+         "memory_used_mib": 0, "utilization_gpu": 0} for i in range(2)]}))
+    results = tmp_path / "results.json"
+    sim = sims.start("sglang", model)
+    try:
+        extra = {"sim_url": sim.url, "sim_pid": sim.pid, "model_path": model, "log_path": sim.log_path,
+                 "fakes": FAKES, "gpu_dir": str(gpu_dir), "venv": os.path.join(ROOT, ".venv"),
+                 "ansible_env_path": os.environ.get("PATH", ""), "results": str(results)}
+        # Nothing from this checkout: its ansible.cfg and plugin paths are out of reach.
+        env = dict((k, v) for k, v in os.environ.items() if not k.startswith("ANSIBLE_"))
+        env.update(ANSIBLE_CONFIG=str(project / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+        out = run([os.path.join(BIN, "ansible-playbook"), "site.yml", "-e", json.dumps(extra)],
+                  cwd=str(project), env=env, timeout=600)
+    finally:
+        sims.stop_all()
+    found = json.loads(results.read_text())
+    assert found["ready"]["phase"] == "ready" and found["ready"]["bytes_read"] > 0
+    # The action plugin ran (from the installed collection) and printed progress between slices.
+    assert "wait_for_model_ready [localhost]: " in out
+    assert found["smoke"]["status"] == 200 and found["smoke"]["text"] and found["smoke"]["latency_ms"] > 0
+    assert [level["concurrency"] for level in found["load"]["levels"]] == [1, 2]
+    assert all(level["errors"] == 0 for level in found["load"]["levels"])
+    assert found["model_dir"]["shard_count"] == 2 and found["model_dir"]["problems"] == []
+    assert [gpu["index"] for gpu in found["gpus"]["gpus"]] == [0, 1]
+    assert found["pyenv"]["exists"] is True and found["pyenv"]["pip_version"]
+    assert found["ct"]["formats"]
+    assert found["pip"]["changed"] is False and "already satisfies" in found["pip"]["msg"]
+    assert found["pending"].get("pending") is False or "systemctl show" in found["pending"]["msg"]
+    assert "readiness/classifier.py" in found["launcher_files"]
+    assert not [path for path in found["launcher_files"] if path.startswith(("preflight/", "python_env/"))]

@@ -1,0 +1,95 @@
+"""The launcher's STATUS= grammar (readiness/status.py): what the launcher writes, what the classifier reads.
+
+One module defines both sides; the round trip below proves the reader takes back from the writer
+exactly the phases it should (starting, loading, initializing) and nothing else.
+"""
+import pytest
+
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness import phases
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Verdict
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.status import (STATUS_CHARS, format_status,
+                                                                                        marker_summary, status_phase)
+
+MIB = 1024.0 * 1024.0
+
+
+@pytest.mark.parametrize("fields, elapsed, text", [
+    (dict(phase="loading", fraction=0.4531, shards=[29, 64], read_rate=412 * MIB, eta=372.4), 100,
+     "loading 45% (29/64 shards, 412 MiB/s, ETA 6m12s)"),
+    (dict(phase="loading", fraction=0.25, bytes_read=3 * 1024 * MIB, read_rate=575 * MIB, eta=30), 40,
+     "loading 25% (3.0 GiB read, 575 MiB/s, ETA 30s)"),
+    (dict(phase="loading", since=12), 20, "loading (since 12s)"),
+    (dict(phase="initializing", since=250,
+          evidence=["[2026-05-25 19:06:14 TP0] Capture cuda graph begin. This can take up to several minutes."]),
+     300, "initializing: Capture cuda graph begin (since 4m10s)"),
+    (dict(phase="initializing", since=5), 9, "initializing (since 5s)"),
+    (dict(phase="starting", evidence=["[2026-05-25 19:06:14 TP0] Init torch distributed begin."]), 3,
+     "starting: Init torch distributed begin (since 0s)"),
+    (dict(phase="ready"), 843.2, "ready in 14m03s"),
+    (dict(phase="stalled", msg="stalled: no progress for 600 s\nin phase loading"), 900,
+     "stalled: no progress for 600 s in phase loading"),
+    (dict(phase="not_started"), 0, "starting the engine"),
+])
+def test_status_text(fields, elapsed, text):
+    verdict = Verdict(msg=fields.pop("msg", ""), **fields)
+    assert format_status(verdict, elapsed) == text
+
+
+@pytest.mark.parametrize("line, summary", [
+    ("(EngineCore pid=7) INFO 11-30 12:00:01 [gpu_model_runner.py:1234] Loading weights took 1.20 seconds",
+     "Loading weights took 1.20 seconds"),
+    ("[2026-11-30 05:08:43] INFO:     Uvicorn running on http://127.0.0.1:30551 (Press CTRL+C to quit)",
+     "Uvicorn running on http://127.0.0.1:30551"),
+    ("[2026-05-25 19:06:14 TP3] Entering DeepGEMM JIT Pre-Compile session.", "Entering DeepGEMM JIT Pre-Compile session"),
+])
+def test_marker_summary_drops_prefixes_and_keeps_the_gist(line, summary):
+    assert marker_summary(line) == summary
+
+
+@pytest.mark.parametrize("text, phase", [
+    ("loading 45% (29/64 shards, 412 MiB/s, ETA 6m12s)", "loading"),
+    ("initializing: Capture cuda graph begin (since 4m10s)", "initializing"),
+    ("starting the engine", "starting"),
+    ("ready in 14m03s", None),  # the ready check decides, never a status text
+    ("stalled: no progress for 600 s in phase loading", None),
+    ("Processing requests...", None),  # another service's words
+    ("", None),
+    (None, None),
+])
+def test_status_phase(text, phase):
+    assert status_phase(text) == phase
+
+
+# What a look can produce for each phase, as the classifier fills a verdict, and the phase a unit's
+# StatusText then gives back to the classifier (None: the reader must not take it from the text).
+ROUND_TRIP = [
+    (dict(phase="not_started"), phases.STARTING),
+    (dict(phase="starting"), phases.STARTING),
+    (dict(phase="starting", evidence=["[2026-05-25 19:06:14 TP0] Init torch distributed begin."]), phases.STARTING),
+    (dict(phase="loading"), phases.LOADING),
+    (dict(phase="loading", fraction=0.5, shards=[32, 64], read_rate=400 * MIB, eta=10), phases.LOADING),
+    (dict(phase="loading", bytes_read=5 * 1024 * MIB), phases.LOADING),
+    (dict(phase="initializing", evidence=["Capture cuda graph begin."]), phases.INITIALIZING),
+    (dict(phase="initializing"), phases.INITIALIZING),
+    (dict(phase="ready"), None),
+    (dict(phase="failed", msg="failed: the process 4242 is gone (exit status 1)"), None),
+    (dict(phase="stalled", msg="stalled: no progress on any signal for 600 s; last progress: read_bytes"), None),
+    (dict(phase="timeout", msg="timeout: not ready after 3600 s, still loading"), None),
+]
+
+
+@pytest.mark.parametrize("fields, phase", ROUND_TRIP)
+def test_the_classifier_reads_back_what_the_launcher_wrote(fields, phase):
+    verdict = Verdict(msg=fields.pop("msg", ""), **fields)
+    text = format_status(verdict, 100)
+    assert "\n" not in text and len(text) <= STATUS_CHARS
+    assert status_phase(text) == phase
+
+
+def test_every_phase_has_a_round_trip_case():
+    assert {fields["phase"] for fields, _ in ROUND_TRIP} == set(phases.PHASES + phases.TERMINAL)
+
+
+def test_a_long_terminal_message_is_cut_to_one_short_line():
+    text = format_status(Verdict(phase="failed", msg="failed: " + "x\n" * 400), 1)
+    assert len(text) == STATUS_CHARS and "\n" not in text
