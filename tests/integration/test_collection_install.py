@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -119,10 +120,41 @@ PLAYBOOK = """
 """
 
 
+def outside_env(**extra):
+    """The environment of another team's shell: none of this checkout's Ansible settings (under
+    `make`, ANSIBLE_CONFIG names ours, whose collections_path already holds modelwake.serving, and
+    ansible-galaxy would then find nothing to install)."""
+    env = dict((k, v) for k, v in os.environ.items() if not k.startswith("ANSIBLE_"))
+    env.update(extra)
+    return env
+
+
 def run(argv, **kwargs):
+    kwargs.setdefault("env", outside_env())
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, **kwargs)
     assert proc.returncode == 0, "%s failed (rc %d):\n%s" % (" ".join(argv), proc.returncode, proc.stdout)
     return proc.stdout
+
+
+def run_releasing(argv, marker, hold, timeout=600, **kwargs):
+    """Run a command that must succeed; remove `hold` once a line of its output contains `marker`."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+                            **kwargs)
+    watchdog = threading.Timer(timeout, proc.kill)
+    watchdog.start()
+    lines = []
+    try:
+        for line in iter(proc.stdout.readline, ""):
+            lines.append(line)
+            if marker in line and hold.exists():
+                hold.unlink()
+        rc = proc.wait()
+    finally:
+        watchdog.cancel()
+        proc.stdout.close()
+    out = "".join(lines)
+    assert rc == 0, "%s failed (rc %d):\n%s" % (" ".join(argv), rc, out)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +166,7 @@ def project(tmp_path_factory):
     tarballs = glob.glob(str(build / "modelwake-serving-*.tar.gz"))
     assert len(tarballs) == 1
     project = tmp_path_factory.mktemp("project")
-    run([os.path.join(BIN, "ansible-galaxy"), "collection", "install", "--collections-path",
+    run([os.path.join(BIN, "ansible-galaxy"), "collection", "install", "--force", "--collections-path",
          str(project / "collections"), tarballs[0]], cwd=str(project))
     (project / "ansible.cfg").write_text(textwrap.dedent("""\
         [defaults]
@@ -174,16 +206,19 @@ def test_a_playbook_elsewhere_runs_every_module_by_fqcn(project, tmp_path):
         {"index": i, "name": "NVIDIA H200", "uuid": "GPU-%d" % i, "memory_total_mib": 143771,
          "memory_used_mib": 0, "utilization_gpu": 0} for i in range(2)]}))
     results = tmp_path / "results.json"
-    sim = sims.start("sglang", model)
+    # The load pauses until the first progress line is out: the wait lasts more than one slice
+    # however fast this machine starts the engine.
+    hold = tmp_path / "hold-load"
+    hold.write_text("")
+    sim = sims.start("sglang", model, "--hold-load", str(hold))
     try:
         extra = {"sim_url": sim.url, "sim_pid": sim.pid, "model_path": model, "log_path": sim.log_path,
                  "fakes": FAKES, "gpu_dir": str(gpu_dir), "venv": os.path.join(ROOT, ".venv"),
                  "ansible_env_path": os.environ.get("PATH", ""), "results": str(results)}
         # Nothing from this checkout: its ansible.cfg and plugin paths are out of reach.
-        env = dict((k, v) for k, v in os.environ.items() if not k.startswith("ANSIBLE_"))
-        env.update(ANSIBLE_CONFIG=str(project / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-        out = run([os.path.join(BIN, "ansible-playbook"), "site.yml", "-e", json.dumps(extra)],
-                  cwd=str(project), env=env, timeout=600)
+        env = outside_env(ANSIBLE_CONFIG=str(project / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+        out = run_releasing([os.path.join(BIN, "ansible-playbook"), "site.yml", "-e", json.dumps(extra)],
+                            "wait_for_model_ready [localhost]: ", hold, cwd=str(project), env=env)
     finally:
         sims.stop_all()
     found = json.loads(results.read_text())
