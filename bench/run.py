@@ -405,7 +405,7 @@ def measure_fanout(work, counts=(1, 2, 4)):
 
 def measure_real_vllm(work):
     """The module watching a start of the real vLLM CPU build (tools/vllm_cpu.py, its cached venv and
-    tiny model) with poll_interval 1: the README's timeline picture. Skipped when the cache lacks them."""
+    tiny model) with poll_interval 1: bench/REPORT.md's "A real vLLM start". Skipped when the cache lacks them."""
     import vllm_cpu
     base = os.path.join(work, "real-vllm")
     os.makedirs(base, exist_ok=True)

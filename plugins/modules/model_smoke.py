@@ -14,7 +14,7 @@ description:
   - POSTs C(/v1/completions) with I(prompt), I(max_tokens) and temperature 0 and fails unless
     the server answers 200 with C(choices). The latency is measured in milliseconds around the
     request alone (ansible.builtin.uri only reports whole seconds).
-  - Uses the readiness module's HTTP code (C(module_utils/modelwake/http_probe.py)); the API key
+  - Uses the readiness module's HTTP code (C(plugins/module_utils/host/http_probe.py)); the API key
     goes in C(Authorization) and never into the result.
 options:
   url:

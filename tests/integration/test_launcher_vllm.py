@@ -27,7 +27,7 @@ def test_real_vllm_under_the_launcher_is_ready_only_after_a_completion(vllm_pyth
     argv = ([sys.executable, "-m", "modelwake", "launch", "--url", url, "--engine", "vllm", "--model", vllm_cpu.SERVED_NAME,
              "--model-path", tiny_model, "--poll-interval", "1", "--stall-timeout", "180", "--stop-timeout", "15", "--"]
             + vllm_cpu.serve_command(tiny_model, port, enforce_eager=True))
-    assert "--dtype" in argv and "float32" in argv  # required on this machine (AMX), see the README
+    assert "--dtype" in argv and "float32" in argv  # required on this machine (AMX), see docs/testing.md
     env = vllm_cpu.engine_env()
     env.update(PYTHONPATH=launcher_package.install(str(tmp_path / "launcher")), NOTIFY_SOCKET=listener.address)
     out_path, err_path = str(tmp_path / "stdout.log"), str(tmp_path / "stderr.log")

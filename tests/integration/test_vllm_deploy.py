@@ -52,7 +52,7 @@ pytestmark = [
 ]
 
 TIMINGS = {}
-VERDICTS = {}  # case -> the module's message, printed with the timings (README: the fault matrix)
+VERDICTS = {}  # case -> the module's message, printed with the timings (bench/REPORT.md: the deploy fault matrix)
 
 
 def timed(label):

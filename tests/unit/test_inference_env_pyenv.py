@@ -1,4 +1,4 @@
-"""Unit tests of module_utils/modelwake/pyenv.py: versions, model formats, the install transaction.
+"""Unit tests of plugins/module_utils/python_env/pyenv.py: versions, model formats, the install transaction.
 
 The transaction is driven by a scripted `run` that plays a small venv (a dict of installed
 packages) and answers pip, snapshot and verification commands like the real ones would.

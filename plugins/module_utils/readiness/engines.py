@@ -1,8 +1,9 @@
 """What SGLang's and vLLM's log lines mean: phase markers, crash signatures, hang-time chatter.
 
-Every pattern is an exact string from the engines' source or real logs (see
-shared/reference/engines.md); log prefixes (`[2026-05-25 19:06:14 TP0]`, `(EngineCore pid=7)
-INFO 11-30 ...`) vary, so patterns search anywhere in the line.
+Every pattern is an exact string from the engines' source or real logs (the recorded vLLM logs
+are in tests/fixtures/traces/); log prefixes (`[2026-05-25 19:06:14 TP0]`, `(EngineCore pid=7)
+INFO 11-30 ...`) vary, so patterns search anywhere in the line. What each phase means:
+docs/readiness.md.
 """
 import re
 

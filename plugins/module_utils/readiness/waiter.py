@@ -56,7 +56,7 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
         remaining = None if look_once else max(0.0, config.timeout - t)
         if classifier.completion_hung:
             # The completion timed out and nothing moved since: ask again, but wait no longer
-            # than a poll for it, so a hung engine is declared stalled on time (README: bounds).
+            # than a poll for it, so a hung engine is declared stalled on time (docs/readiness.md: bounds).
             short = min(config.completion_timeout, config.poll_interval)
             remaining = short if remaining is None else min(remaining, short)
         snap = probe.snapshot(t, remaining)
