@@ -198,17 +198,23 @@ def test_crash1_in_starting_exits_one_with_a_traceback(model_dir, start_sim):
     assert "Received sigquit from a child proces. It usually means the child failed." in log
 
 
+def activity_over(sim, seconds):
+    """What the engine's tree did in `seconds`: (CPU ticks, bytes read from disk, characters logged)."""
+    pids = [sim.proc.pid] + sim.tree()
+    ticks, size = cpu_ticks(pids), len(sim.log())
+    reads = sum(proc_field(p, "read_bytes") for p in sim.tree())
+    time.sleep(seconds)
+    return (cpu_ticks(pids) - ticks, sum(proc_field(p, "read_bytes") for p in sim.tree()) - reads,
+            len(sim.log()) - size)
+
+
 def test_hang_while_loading_stops_cpu_reads_and_output(model_dir, start_sim):
     sim = start_sim("sglang", model_dir, "--load-rate-mib", "16", "--fault", "hang:loading", "--fault-after", "0.3")
     sim.wait_log("Load weight begin.")
     time.sleep(0.8)
-    pids = [sim.proc.pid] + sim.tree()
-    ticks, size = cpu_ticks(pids), len(sim.log())
-    reads = sum(proc_field(p, "read_bytes") for p in sim.tree())
-    time.sleep(1.5)
-    assert cpu_ticks(pids) - ticks <= 3  # scheduler ticks of a sleeping tree, not a busy loop
-    assert sum(proc_field(p, "read_bytes") for p in sim.tree()) == reads
-    assert len(sim.log()) == size
+    ticks, reads, output = activity_over(sim, 1.5)
+    assert ticks <= 3  # scheduler ticks of a sleeping tree, not a busy loop
+    assert reads == 0 and output == 0
     assert sim.proc.poll() is None and not port_open(sim.port)
 
 
@@ -219,12 +225,8 @@ def test_a_held_load_pauses_before_its_last_shard_until_its_file_is_removed(mode
     sim = start_sim("sglang", model_dir, "--tp", "2", "--hold-load", str(hold))
     sim.wait_log("Completed | 7/8")
     time.sleep(1.0)
-    pids = [sim.proc.pid] + sim.tree()
-    ticks, size = cpu_ticks(pids), len(sim.log())
-    reads = sum(proc_field(p, "read_bytes") for p in sim.tree())
-    time.sleep(1.5)
-    assert sum(proc_field(p, "read_bytes") for p in sim.tree()) == reads
-    assert cpu_ticks(pids) - ticks <= 5 and len(sim.log()) == size
+    ticks, reads, output = activity_over(sim, 1.5)
+    assert ticks <= 5 and reads == 0 and output == 0
     assert "8/8" not in sim.log() and "Load weight end" not in sim.log()
     hold.unlink()
     sim.wait_log("Load weight end.")
