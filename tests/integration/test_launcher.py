@@ -159,7 +159,7 @@ def test_start_reports_phases_extends_and_is_ready_only_after_a_completion(launc
     statuses = [value for _t, value in run.listener.fields("STATUS")]
     assert any(re.match(r"loading \d+% \(\d/8 shards", s) for s in statuses), statuses
     assert any(s.startswith("initializing") for s in statuses), statuses
-    assert re.match(r"ready in \d+s$", statuses[-1]), statuses
+    assert re.match(r"ready in [\dhms]+$", statuses[-1]), statuses
     extends = run.listener.fields("EXTEND_TIMEOUT_USEC")
     # Default budget: stall timeout 6 s + 2 polls of 0.5 s + 30 s.
     assert extends and all(t < ready[0] for t, _v in extends) and set(v for _t, v in extends) == {"37000000"}

@@ -271,15 +271,30 @@ class Engine(object):
         except OSError:
             pass  # the group is empty: nothing left to signal
 
-    def _kill_escapees(self):
-        """Descendants seen earlier that left the process group (setsid) and still run."""
+    def _still_running(self):
+        """Descendants seen earlier that still run (not exited, not a zombie)."""
+        running = []
         for pid, starttime in self.seen.items():
             info = procfs.read_process(pid)
             if info is not None and info["starttime"] == starttime and not procfs.is_gone(info):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+                running.append(pid)
+        return running
+
+    def _kill_escapees(self):
+        """Descendants seen earlier that left the process group (setsid) and still run."""
+        for pid in self._still_running():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def _wait_tree_gone(self, seconds):
+        """SIGKILL takes effect asynchronously: on a loaded host a killed child can still run for a
+        moment. Return only once none of the tree is left (or after `seconds`), so that nothing of
+        the engine outlives the launcher, with or without systemd's cgroup to clean up."""
+        deadline = time.monotonic() + seconds
+        while self._still_running() and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def stop(self, grace, signum=signal.SIGTERM):
         """signum to the group, SIGKILL to whatever is left after `grace` seconds; returns when reaped."""
@@ -290,6 +305,7 @@ class Engine(object):
         self.signal_group(signal.SIGKILL)
         self._kill_escapees()
         self.exited.wait(grace + 5)
+        self._wait_tree_gone(5)
         return self.exited.is_set()
 
 
