@@ -162,12 +162,13 @@ def build_wheelhouse():
             os.chmod(partial, 0o755)
             _run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--progress-bar", "off",
                   "--wheel-dir", partial] + list(PINS))
-            wheels = sorted(name for name in os.listdir(partial) if name.endswith(".whl"))
-            for name in wheels:
-                if wheel_requirement(name).partition("==")[0] in UNWANTED:
+            lock = []
+            for name in sorted(n for n in os.listdir(partial) if n.endswith(".whl")):
+                requirement = wheel_requirement(name)
+                if requirement.partition("==")[0] in UNWANTED:
                     os.remove(os.path.join(partial, name))
-            lock = [wheel_requirement(name) for name in wheels if wheel_requirement(name).partition("==")[0]
-                    not in UNWANTED]
+                else:
+                    lock.append(requirement)
             with open(os.path.join(partial, LOCK), "w") as handle:
                 handle.write("\n".join(lock) + "\n")
             # Written last: its presence says the wheelhouse is complete for these pins.
