@@ -94,13 +94,14 @@ import time
 from urllib import parse as urlparse
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import ModelWakeError
 from ansible_collections.modelwake.serving.plugins.module_utils.host import http_probe
 
 
 LOOPBACK = ("127.", "localhost", "::1", "[::1]")
 
 
-class LoadError(Exception):
+class LoadError(ModelWakeError):
     """Bad input or an unusable server; the message names the field or what failed."""
 
 
@@ -129,7 +130,7 @@ def check_params(params):
             raise LoadError("%s must be more than 0 seconds, got %r" % (name, params[name]))
 
 
-class RequestFailed(Exception):
+class RequestFailed(ModelWakeError):
     """No 200 answer: refused, timed out, or an HTTP error code (`HTTP Error 404: ...`)."""
 
 

@@ -119,6 +119,39 @@ def test_the_launcher_runs_from_only_what_the_role_installs(tmp_path):
     assert installed == sorted(closure(["launcher.launch"]) + ["__init__.py", "__main__.py"])
 
 
+# Exceptions that are not failures: control flow the code raises and catches itself.
+SIGNALS = {"launcher/launch.py": {"StopRequested"}}
+
+
+def test_every_exception_of_ours_is_a_modelwake_error():
+    """One hierarchy: a caller's `except ModelWakeError` catches every failure modelwake reports."""
+    plugins = os.path.join(ROOT, "plugins")
+    classes = {}  # name -> (file, base names)
+    for path in glob.glob(os.path.join(plugins, "**", "*.py"), recursive=True):
+        with open(path) as handle:
+            tree = ast.parse(handle.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.bases:
+                bases = [getattr(base, "id", getattr(base, "attr", "")) for base in node.bases]
+                classes[node.name] = (os.path.relpath(path, MODULE_UTILS if "module_utils" in path else plugins),
+                                      bases)
+
+    def is_error(name, seen=()):
+        if name == "ModelWakeError":
+            return True
+        if name not in classes or name in seen:
+            return False
+        return any(is_error(base, seen + (name,)) for base in classes[name][1])
+
+    exceptions = [name for name, (path, bases) in classes.items()
+                  if name.endswith(("Error", "Failed")) or "Exception" in bases]
+    assert "LoadError" in exceptions and "SystemdError" in exceptions  # the walk sees modules and utils
+    outside = [(classes[name][0], name) for name in exceptions
+               if name != "ModelWakeError" and not is_error(name)
+               and name not in SIGNALS.get(classes[name][0], set())]
+    assert not outside, "exceptions outside ModelWakeError: %s" % outside
+
+
 def managed_host_files():
     files = glob.glob(os.path.join(ROOT, "plugins", "modules", "*.py"))
     files += glob.glob(os.path.join(MODULE_UTILS, "**", "*.py"), recursive=True)

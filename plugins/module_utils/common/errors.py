@@ -1,8 +1,11 @@
-"""Exceptions of the readiness logic; the module's main() maps them to fail_json."""
+"""The one exception hierarchy of modelwake: every clear, user-facing failure is a ModelWakeError, and
+each module's main() maps it to fail_json (the launcher to its exit status). Subclasses live beside the
+code that raises them (SystemdError, PyEnvError, NotifyError, ResumeError, completion_load's LoadError);
+tests/unit/test_layout.py checks that no other exception class is defined."""
 
 
 class ModelWakeError(Exception):
-    """Base class: anything the readiness logic reports as a clear, user-facing failure."""
+    """Base class: anything modelwake reports as a clear, user-facing failure."""
 
 
 class InputError(ModelWakeError):

@@ -56,7 +56,10 @@ LOG_PREFIX = "modelwake: "
 
 
 class StopRequested(Exception):
-    """SIGTERM or SIGINT arrived: stop the engine and end cleanly."""
+    """SIGTERM or SIGINT arrived: stop the engine and end cleanly.
+
+    A signal, not a failure (like KeyboardInterrupt), so deliberately outside ModelWakeError: an
+    `except ModelWakeError` that reports a failure must never swallow a stop."""
 
 
 # -- Prometheus textfile -----------------------------------------------------------------
