@@ -9,11 +9,14 @@ completion_load, model_dir_facts, gpu_holders (scripted nvidia-smi), python_env_
 compressed_tensors_requirement, pip_transaction (check mode) and model_service_restart_pending.
 Each run is a real AnsiballZ payload built from the installed copy, so a module_utils file the
 module finder misses fails here; the launcher_sources lookup answers from the installed copy too.
-No test host is booted.
+Then the roles: a playbook of that project deploys the simulated engine onto a systemd test host
+with modelwake.serving.gpu_preflight, .inference_env and .model_service by FQCN (the unit, the
+launcher, the wait, the smoke completion), and a second run converges with nothing changed.
 """
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -21,6 +24,7 @@ import threading
 
 import pytest
 
+from guesthost import GuestHost
 from simharness import SimRunner, make_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,6 +34,14 @@ FAST = ["--start-seconds", "1", "--load-rate-mib", "16", "--init-seconds", "1", 
         "--token-seconds", "0.01", "--served-model-name", "k26-sim"]
 
 pytestmark = pytest.mark.slow
+
+# The model the deploy serves is made on the guest by the repository's demo-model.yml (test set-up,
+# as the demo does), through the vllm-cpu inventory's sim-sglang catalog entry.
+VM = GuestHost("mwc", os.path.join(ROOT, "inventories", "vllm-cpu"), "vllm-cpu")
+SIM_ENTRY = {"modelwake_deploy_model": "sim-sglang", "modelwake_demo_model_size_mib": 32,
+             "modelwake_demo_model_shards": 4}
+GUEST_MODEL = "/srv/models/sim-sglang"
+GUEST_UNIT = "sglang-fqcn"
 
 PLAYBOOK = """
 - name: Use modelwake.serving by FQCN alone
@@ -118,6 +130,40 @@ PLAYBOOK = """
         dest: "{{ results }}"
         mode: "0600"
 """
+
+
+DEPLOY = """
+- name: Deploy the simulated engine with the collection's roles by FQCN alone
+  hosts: model_hosts
+  gather_facts: false
+  vars:
+    model: %(model)s
+  roles:
+    - role: modelwake.serving.gpu_preflight
+      vars:
+        gpu_preflight_required: false
+        gpu_preflight_service_unit: %(unit)s
+        gpu_preflight_model_path: "{{ model }}"
+    - role: modelwake.serving.inference_env
+      vars:
+        inference_env_engine: sim
+        inference_env_engine_version: "0.1.0"
+        inference_env_venv: /opt/fqcn/venv
+        inference_env_model_path: "{{ model }}"
+    - role: modelwake.serving.model_service
+      vars:
+        model_service_engine: sim
+        model_service_venv: /opt/fqcn/venv
+        model_service_unit: %(unit)s
+        model_service_model_path: "{{ model }}"
+        model_service_port: 30002
+        model_service_tp: 2
+        model_service_extra_args: [--load-rate-mib, "32", --start-seconds, "1", --init-seconds, "1",
+                                   --warmup-seconds, "0.5"]
+        model_service_poll_interval: 1
+        model_service_ready_timeout: 300
+        model_service_stall_timeout: 60
+""" % {"model": GUEST_MODEL, "unit": GUEST_UNIT}
 
 
 def outside_env(**extra):
@@ -236,3 +282,43 @@ def test_a_playbook_elsewhere_runs_every_module_by_fqcn(project, tmp_path):
     assert found["pending"].get("pending") is False or "systemctl show" in found["pending"]["msg"]
     assert "readiness/classifier.py" in found["launcher_files"]
     assert not [path for path in found["launcher_files"] if path.startswith(("preflight/", "python_env/"))]
+
+
+needs_guests = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/systemd-nspawn"),
+                                  reason="test hosts need root and systemd-nspawn (make system-deps)")
+
+
+@needs_guests
+def test_a_playbook_elsewhere_deploys_onto_a_test_host_with_the_roles_by_fqcn(project, tmp_path):
+    try:
+        VM.up(str(tmp_path))
+        rc, out = VM.play("playbooks/demo-model.yml", SIM_ENTRY)
+        assert rc == 0, out[-4000:]
+        with open(VM.override) as handle:
+            guest = json.load(handle)["all"]["children"]["model_hosts"]["hosts"]["vllm-cpu"]
+        # The other project's inventory: the guest, the simulator's source (the stand-in for a real
+        # engine, so it comes from this checkout) and the controller cache its wheel is built in.
+        (project / "guest.yml").write_text(json.dumps({"all": {"children": {"model_hosts": {
+            "hosts": {"fqcn-host": guest},
+            "vars": {"ansible_user": "root", "ansible_python_interpreter": "/usr/bin/python3",
+                     "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+                                                "-o LogLevel=ERROR",
+                     "inference_env_sim_source": os.path.join(ROOT, "engines", "sim"),
+                     "inference_env_controller_cache": str(tmp_path / "controller-cache")}}}}}))
+        (project / "deploy.yml").write_text(DEPLOY)
+        env = outside_env(ANSIBLE_CONFIG=str(project / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+        argv = [os.path.join(BIN, "ansible-playbook"), "-i", "guest.yml", "deploy.yml"]
+        first = run(argv, cwd=str(project), env=env)
+        # The roles ran from the installed copy, the launcher started the unit and the wait saw it ready.
+        assert "%s: ready after" % GUEST_UNIT in " ".join(first.split()), first[-4000:]
+        assert VM.unit_state(GUEST_UNIT)["ActiveState"] == "active"
+        # The launcher the role installed said ready to systemd; the unit runs the venv the play named.
+        assert VM.sh("systemctl show %s -p StatusText" % GUEST_UNIT).startswith("StatusText=ready in ")
+        assert "/opt/fqcn/venv/bin/python" in VM.sh("systemctl cat %s" % GUEST_UNIT)
+        pid = VM.unit_state(GUEST_UNIT)["MainPID"]
+        again = run(argv, cwd=str(project), env=env)
+        recap = re.search(r"^fqcn-host\s+: ok=\d+\s+changed=(\d+)", again, re.M)
+        assert recap and recap.group(1) == "0", again[-4000:]
+        assert VM.unit_state(GUEST_UNIT)["MainPID"] == pid
+    finally:
+        VM.down()
