@@ -124,6 +124,12 @@ def test_sglang_schedulers_are_titled_children(model_dir, start_sim):
     sim.wait_log("Load weight begin.")
     comms = sorted(proc_field(pid, "comm") for pid in sim.tree())
     assert comms == ["sglang::schedul", "sglang::schedul"]
+    # The full title is in the command line, as setproctitle leaves it: where the rank is read.
+    titles = []
+    for pid in sim.tree():
+        with open("/proc/%d/cmdline" % pid, "rb") as handle:
+            titles.append(handle.read().rstrip(b"\0").decode())
+    assert sorted(titles) == ["sglang::scheduler_TP0", "sglang::scheduler_TP1"]
 
 
 def test_vllm_grandchild_reads_the_weights_and_health_is_up_when_listening(model_dir, start_sim):

@@ -86,10 +86,17 @@ def build_parser():
                        help="GPUs in a newly created gpus.json (at least --tp; default 8)")
     serve.add_argument("--fault", default=None, metavar="KIND:PHASE",
                        help="inject a fault: KIND crash1 (traceback, exit 1), crash0 (vLLM's worker death, "
-                            "exit 0), hang (everything stops); PHASE starting|loading|initializing|warmup|ready")
+                            "exit 0), hang (everything stops), spin (a busy-waiting collective: every rank but "
+                            "the last spins forever in one native call, the last parks elsewhere); PHASE "
+                            "starting|loading|initializing|warmup|ready")
     serve.add_argument("--fault-after", type=_positive(float), default=0.0,
                        help="seconds into PHASE before the fault fires (default 0; at the latest at the "
                             "phase's end)")
+    serve.add_argument("--repack-seconds", type=_positive(float), default=0.0,
+                       help="a silent weight post-processing phase after loading (K2.6's Marlin repack): "
+                            "layer after layer, a long native call on a fresh buffer (default 0: none)")
+    serve.add_argument("--repack-layer-seconds", type=_positive(float), default=2.5,
+                       help="how long each layer's native call takes (default 2.5)")
     serve.add_argument("--hold-load", default=None, metavar="FILE",
                        help="while FILE exists the load pauses before its last shard (no reads, no CPU, no "
                             "output); tests hold a start in 'loading' with it and release it by removing FILE")

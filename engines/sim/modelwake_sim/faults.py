@@ -1,6 +1,6 @@
 """Fault injection (`--fault KIND:PHASE`, `--fault-after S`) and the exceptions each phase raises."""
 
-KINDS = ("crash1", "crash0", "hang")
+KINDS = ("crash1", "crash0", "hang", "spin")
 PHASES = ("starting", "loading", "initializing", "warmup", "ready")
 
 

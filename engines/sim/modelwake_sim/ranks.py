@@ -4,8 +4,12 @@ A rank reads its slice of every shard for real (page cache dropped first, so /pr
 read_bytes grows), burns CPU silently while "compiling", and then paces generation requests that
 the API process sends it, batching them like a real engine so throughput grows with concurrency.
 """
+import ctypes
+import hashlib
 import json
+import mmap
 import os
+import re
 import select
 import signal
 import subprocess
@@ -18,6 +22,12 @@ from .gpus import Holder, visible_gpu, fake_gpu_dir
 MIB = 1024 * 1024
 CHUNK = 1 * MIB
 HOLDER_INTERVAL = 0.25
+# A busy-wait inside one native call (the regular-expression engine backtracking, in C, without
+# returning to Python): ~0.1-0.5 s per call on this kind of machine, repeated from one line.
+SPIN_PATTERN = re.compile(r"(a+)+$")
+SPIN_TEXT = "a" * 22 + "b"
+REPACK_LAYER_MIB = 32
+PAGE_FILL = b"\x01" * 4096
 CONTEXT_MIB = 512
 WEIGHTS_SHARE = 0.8
 
@@ -32,12 +42,31 @@ class RankCrash(Exception):
 
 
 def set_title(title):
-    """What `ps -o comm` and /proc/<pid>/comm show (the kernel keeps 15 characters)."""
+    """Title the process as the engines do with setproctitle: /proc/<pid>/comm (the kernel keeps
+    15 characters) and the command line (`ps -o args`, /proc/<pid>/cmdline), where a watcher reads
+    the full name and the rank (`sglang::scheduler_TP3`)."""
     try:
         with open("/proc/self/comm", "w") as fileobj:
             fileobj.write(title[:15])
     except OSError:
         pass
+    _set_cmdline(title)
+
+
+def _set_cmdline(title):
+    """Overwrite the argv area the kernel shows as /proc/self/cmdline (what setproctitle does on
+    Linux): its bounds are fields 48-49 of /proc/self/stat; the title and NULs fill it."""
+    try:
+        with open("/proc/self/stat") as fileobj:
+            stat = fileobj.read()
+        fields = stat[stat.rfind(")") + 2:].split()
+        start, end = int(fields[45]), int(fields[46])
+    except (OSError, ValueError, IndexError):
+        return
+    data = title.encode("utf-8")[:max(0, end - start - 1)]
+    if not start or not data:
+        return
+    ctypes.memmove(start, data + b"\0" * (end - start - len(data)), end - start)
 
 
 def send(fd, event):
@@ -105,6 +134,10 @@ class Rank:
             return
         if fault.kind == "hang":
             self.hang()
+        if fault.kind == "spin":
+            if self.opts.tp > 1 and self.rank == self.opts.tp - 1:
+                self.hang()  # the rank that never arrives: parked, in its own phase's frames
+            self.all_reduce()
         if self.rank != 0:
             return  # rank 0 crashes; the others are taken down with the tree
         if fault.kind == "crash0":
@@ -118,6 +151,36 @@ class Rank:
         while not self.parent_gone():
             time.sleep(1.0)
         os._exit(1)
+
+    def all_reduce(self):
+        """The spin fault: a rank that waits for a peer the way NCCL does, burning one core inside a
+        native call that never returns to its caller's code: CPU busy, no memory touched, no output,
+        the Python stack standing still. Only SIGTERM or the API process's death ends it."""
+        self.gpu(util=100, force=True)  # a hung collective's GPU-Util is 100 % (vllm#8087)
+        while not self.parent_gone():
+            SPIN_PATTERN.match(SPIN_TEXT)
+        os._exit(1)
+
+    def repack_marlin_weights(self, seconds, phase, started):
+        """--repack-seconds: silent post-processing, layer after layer: a fresh buffer (its pages
+        fault in) and one long native call on it, always from the same line, as a repack or a
+        per-layer JIT does. To a watcher: CPU busy, the stack the same from one look to the next,
+        memory touched at every layer."""
+        layer_seconds = self.opts.repack_layer_seconds
+        probe = time.monotonic()
+        hashlib.pbkdf2_hmac("sha256", b"calibrate", b"marlin", 20000)
+        rounds = max(1000, int(20000 * layer_seconds / max(1e-3, time.monotonic() - probe)))
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.check_fault(phase, started)
+            if self.parent_gone():
+                os._exit(1)
+            # A new mapping each layer, so its pages really are new (malloc would hand back the last
+            # layer's): filling it faults them in, as a freshly allocated layer does.
+            fresh = mmap.mmap(-1, REPACK_LAYER_MIB * MIB)
+            fresh.write(PAGE_FILL * (REPACK_LAYER_MIB * MIB // len(PAGE_FILL)))
+            hashlib.pbkdf2_hmac("sha256", fresh, b"marlin", rounds)
+            fresh.close()
 
     def sleep(self, seconds, phase, started):
         """Idle wait that still honours faults and the parent's death."""

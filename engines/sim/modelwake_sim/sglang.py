@@ -127,6 +127,8 @@ class SGLangServer(engine.ApiServer):
                  "dtype=torch.bfloat16, avail mem=%.2f GB, mem usage=%.2f GB." % (elapsed, total - weights, weights))
 
         init_started = time.monotonic()
+        if opts.repack_seconds:
+            r.repack_marlin_weights(opts.repack_seconds, "initializing", init_started)
         kv = opts.gpu_memory_mib * (1 - ranks.WEIGHTS_SHARE) / engine.GB
         tokens = int(kv * 1024 * 1024 / 70)
         log.info("Using KV cache dtype: torch.bfloat16")

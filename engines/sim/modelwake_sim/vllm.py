@@ -288,6 +288,8 @@ class VLLMServer(engine.ApiServer):
 
         # Weight post-processing (repacking for Marlin): CPU busy, nothing logged, GPUs idle.
         init_started = time.monotonic()
+        if opts.repack_seconds:
+            r.repack_marlin_weights(opts.repack_seconds, "initializing", init_started)
         r.burn(opts.init_seconds, "initializing", init_started, duty=1.0 if r.rank == 0 else 0.2)
         r.check_fault("initializing", init_started, phase_over=True)
 

@@ -169,6 +169,7 @@ def test_stopping_the_unit_leaves_no_engine_process(host):
     assert host.run("pgrep -f 'modelwake_si[m] serve'").rc == 0
     host.check_output("systemctl stop %s" % UNIT)
     assert host.run("pgrep -f 'modelwake_si[m] serve'").rc == 1
+    assert host.run("pgrep -f '^sglang::'").rc == 1  # the ranks, titled as SGLang titles them
     assert host.run("pgrep -f 'modelwake-launc[h]'").rc == 1
     host.check_output("systemctl start %s" % UNIT)
     assert show(host, "ActiveState")["ActiveState"] == "active"
