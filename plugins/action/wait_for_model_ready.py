@@ -55,6 +55,8 @@ def progress_line(host, result, info):
         if info.get("gpu_total_mib"):
             text += " / %s" % size(info["gpu_total_mib"] * MIB)
         parts.append(text)
+    if result.get("where"):
+        parts.append(result["where"])  # the ranks' stacks, read during a silent phase
     if info.get("log_line"):
         parts.append("log: %s" % info["log_line"])
     return "wait_for_model_ready [%s]: %s" % (host, " | ".join(parts))

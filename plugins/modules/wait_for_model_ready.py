@@ -118,6 +118,24 @@ options:
     description:
       - A file on the host to which one JSON line per look is appended (the snapshot and the verdict).
     type: path
+  py_spy:
+    description:
+      - Where py-spy is, to read the Python stacks of the server's processes (the ranks) during
+        silent phases - C(auto) looks next to the engine's interpreter (the venv's C(bin/), where
+        the inference_env role installs it), then on C(PATH); an absolute path names it; C(off)
+        reads no stacks.
+      - Without py-spy everything works as without stacks, and the result's warnings say once why
+        stacks are unavailable.
+    type: str
+    default: auto
+  stacks_interval:
+    description:
+      - The least seconds between two reads of the stacks (each read costs about 15 ms of CPU per
+        Python process). C(0) reads them at every look that saw nothing move but CPU.
+      - A busy-spinning hang is declared stalled at most I(stall_timeout) + I(stacks_interval) +
+        2 x I(poll_interval) after it began.
+    type: float
+    default: 0
   _resume:
     description:
       - Internal; set only by this module's action plugin, which waits in slices to print progress
@@ -138,6 +156,9 @@ notes:
     64 MiB change of GPU memory, new log lines (not hang-time chatter), a changed process tree,
     phase, HTTP answer or systemd status text. GPU utilisation is not progress; a hung NCCL
     collective keeps the GPUs at 100 %.
+  - CPU is progress only while it goes to code that moves - when the stacks are read, a busy
+    process whose Python frames have not changed and that touched no new memory (fewer than 256
+    page faults) since is spinning, as ranks do in a hung collective; its CPU does not count.
 seealso:
   - module: ansible.builtin.wait_for
   - module: ansible.builtin.uri
@@ -264,6 +285,23 @@ last_progress:
   returned: always
   type: dict
   sample: {"t": 905.0, "what": "CPU 1.80 cores"}
+stacks:
+  description:
+    - The Python stacks of the server's processes at the latest read, when it is recent (empty
+      otherwise, and without py-spy) - per process its pid, name, rank (when its title tells),
+      state, the thread shown, C(same_for) (seconds its stack has not changed) and the innermost
+      frames, innermost first.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"pid": 4301, "name": "sglang::scheduler_TP0", "rank": 0, "state": "R", "thread": "MainThread",
+            "same_for": 40.0, "frames": [{"function": "repack_marlin_weights", "file": "marlin.py", "line": 211}]}]
+where:
+  description: Those stacks in one line, identical processes grouped (empty without them).
+  returned: always
+  type: str
+  sample: "TP0-6 in all_reduce (parallel_state.py:512) for 10m00s; TP7 state T (stopped) in load_weights (loader.py:449)
+    for 10m00s - the odd one out"
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -290,6 +328,8 @@ ARGUMENT_SPEC = dict(
     expected_bytes=dict(type="int"),
     gpus=dict(type="list", elements="int"),
     progress_path=dict(type="path"),
+    py_spy=dict(type="str", default="auto"),
+    stacks_interval=dict(type="float", default=0),
 )
 
 # Set only by the action plugin of the same name (plugins/action/wait_for_model_ready.py), which

@@ -49,7 +49,7 @@ class StoryProbe(object):
         self.clock = clock
         self.cost = cost  # seconds each look takes
 
-    def snapshot(self, t, remaining=None):
+    def snapshot(self, t, remaining=None, stacks=False):
         if self.clock is not None:
             self.clock.now += self.cost
         return self.story(self.trace, t)

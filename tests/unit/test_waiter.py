@@ -32,7 +32,7 @@ class ReplayProbe(object):
         self.trace = Trace(pids=(100, 200, 300))
         self.looks = []
 
-    def snapshot(self, t, remaining=None):
+    def snapshot(self, t, remaining=None, stacks=False):
         self.looks.append((t, remaining))
         self.clock.now += self.cost
         return self.story(self.trace, t)
@@ -115,7 +115,7 @@ class HungCompletionProbe(object):
         self.trace = Trace(pids=(100, 200, 300))
         self.budgets = []
 
-    def snapshot(self, t, remaining=None):
+    def snapshot(self, t, remaining=None, stacks=False):
         if t < self.hang_t:
             return self.trace.step(t, cpu=1.0, lines=[vllm_prefix("Worker", 300) + "Starting to load model /m..."]
                                    if t == 0 else [])

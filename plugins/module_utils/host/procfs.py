@@ -7,6 +7,9 @@ Why these counters:
 - Disk: `read_bytes` from /proc/<pid>/io, not `rchar`: vLLM's weight reader is a grandchild that
   reads the safetensors through mmap, so its `rchar` stays 0 while `read_bytes` counts the pages
   faulted in from disk. /proc/<pid>/io of another user's process needs privileges: then None.
+- Page faults: minflt + majflt of each process. Work on fresh memory (a layer-by-layer repack,
+  a new buffer per kernel) faults pages in; a rank spinning in a busy-wait touches none. With the
+  ranks' stacks, this tells the two apart (readiness/classifier.py).
 """
 import copy
 import glob
@@ -48,6 +51,7 @@ def read_process(pid, proc_root="/proc"):
         "state": fields[0],
         "ppid": int(fields[1]),
         "own_ticks": int(fields[11]) + int(fields[12]),
+        "faults": int(fields[7]) + int(fields[9]),
         "child_ticks": int(fields[13]) + int(fields[14]),
         "starttime": int(fields[19]),
         "read_bytes": None,

@@ -327,6 +327,11 @@ def parse_args(argv):
     parser.add_argument("--timeout", type=float, default=86400, help="overall deadline in seconds (default 86400)")
     parser.add_argument("--stall-timeout", type=float, default=600, help="no progress this long = stalled (default 600)")
     parser.add_argument("--poll-interval", type=float, default=5, help="seconds between looks (default 5)")
+    parser.add_argument("--py-spy", default="auto",
+                        help="py-spy for the ranks' stacks during silent phases: auto (next to the engine's "
+                             "interpreter, then PATH), a path, or off (default auto)")
+    parser.add_argument("--stacks-interval", type=float, default=0,
+                        help="least seconds between two stack reads (default 0: every silent look)")
     parser.add_argument("--extend-timeout", type=float, default=None,
                         help="seconds each EXTEND_TIMEOUT_USEC grants; the unit's TimeoutStartSec should equal it "
                              "(default: stall timeout + 2 polls + 30)")
@@ -361,6 +366,7 @@ def build_launch_config(options, environ):
         "model_path": options.model_path, "gpus": _gpus(options.gpus),
         "timeout": options.timeout, "stall_timeout": options.stall_timeout,
         "poll_interval": options.poll_interval,
+        "py_spy": options.py_spy, "stacks_interval": options.stacks_interval,
         # Validation needs a live pid; the engine's replaces it once it runs.
         "pid": os.getpid(),
     }
@@ -368,13 +374,14 @@ def build_launch_config(options, environ):
         raise ModelWakeError("timeout: must be greater than 0 (the launcher always waits), got %s" % options.timeout)
     config = build_config(params)
     config.follows_log = True  # the engine's output comes through our pipe
-    minimum = config.stall_timeout + 2 * config.poll_interval
+    # A spinning hang is declared at most a stack read later than a silent one.
+    minimum = config.stall_timeout + config.stacks_interval + 2 * config.poll_interval
     if options.extend_timeout is None:
         options.extend_timeout = minimum + 30
     elif options.extend_timeout < minimum:
         # systemd would end the start before the launcher can say why.
-        raise ModelWakeError("extend-timeout: must be at least stall timeout + 2 polls (%s s), got %s"
-                             % (minimum, options.extend_timeout))
+        raise ModelWakeError("extend-timeout: must be at least stall timeout + stacks interval + 2 polls (%s s), "
+                             "got %s" % (minimum, options.extend_timeout))
     if options.textfile and not os.path.isdir(os.path.dirname(os.path.abspath(options.textfile))):
         raise ModelWakeError("textfile: the directory of %s does not exist" % options.textfile)
     return config

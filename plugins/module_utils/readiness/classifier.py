@@ -17,6 +17,15 @@ memory changed by gpu_memory_threshold MiB (NOT utilisation: a hung NCCL collect
 GPUs at 100 %), new log lines other than hang-time chatter, the process tree changing, the
 phase changing, an HTTP answer changing, systemd's StatusText changing.
 
+The hang that looks like work: CPU is progress only while it goes to code that moves. When the
+ranks' stacks are read (py-spy, during silent looks), a busy process whose every Python frame is
+where it was at the previous read, and which faulted in fewer than fault_threshold pages since,
+is spinning (a busy-waiting collective: one core per rank, no memory touched); its CPU does not
+count, and the CPU it burnt since its stack was first seen there is taken back, so the stall
+clock runs from the last read that saw it move. Legitimate silent work from one call site (a
+layer-by-layer repack, one JIT'd kernel per layer) looks the same from one read to the next but
+works on fresh buffers: its page faults keep it progress. Without stacks, CPU counts as before.
+
 The state is a small JSON-able dict (state_dict / from_state), so a caller can persist it
 between one-shot looks.
 """
@@ -29,6 +38,7 @@ from ..common.formatting import mib as _mib
 from ..host import http_probe
 from . import engines
 from .phases import FAILED, INITIALIZING, LOADING, NOT_STARTED, PHASES, READY, STALLED, STARTING, TIMEOUT
+from .stack_summary import summarize
 from .status import status_phase
 
 TAIL_LINES = 200
@@ -53,6 +63,10 @@ class Verdict(object):
     engine: str = "auto"
     last_progress: Optional[Dict[str, Any]] = None  # {"t", "what"}
     phases: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    # The ranks' stacks at the latest read, when it is recent: per process pid, name, rank, state,
+    # thread, frames (innermost first) and same_for (seconds its stack has not changed).
+    stacks: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    where: str = ""  # those stacks in one line (stack_summary.summarize)
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -85,6 +99,10 @@ class Classifier(object):
             "tail": [], "fatal": None, "fatal_waited": False,
             "main_pid": None, "nrestarts": None, "seen_running": False,
             "listen_url": None,
+            # The ranks' stacks: per pid {sig, since (stack unchanged since), still_since (and no
+            # pages faulted in since), still, name, rank, state, thread, frames}.
+            "stacks": {}, "stacks_t": None, "stacks_unavailable": None, "silent": False, "spin_note": None,
+            "cpu_pid_prev": {}, "noncpu_progress_t": None, "noncpu_progress": None,
         }
 
     def state_dict(self):
@@ -99,6 +117,16 @@ class Classifier(object):
     @classmethod
     def from_state(cls, config, state):
         return cls(config, copy.deepcopy(state))
+
+    def stacks_due(self, t):
+        """Whether the look at `t` should read the ranks' stacks: the last look saw nothing move
+        but (maybe) CPU, and the latest read is stacks_interval old (0: every such look)."""
+        st = self.state
+        cfg = self.config
+        if cfg.py_spy == "off" or st["t0"] is None or not st["silent"]:
+            return False
+        last = st["stacks_t"]
+        return last is None or (t - st["t0"]) - last >= cfg.stacks_interval * 0.9
 
     # -- logs ---------------------------------------------------------------------------
     def _read_logs(self, lines, context):
@@ -159,8 +187,11 @@ class Classifier(object):
             events.append("%d new log line%s" % (new_lines, "" if new_lines == 1 else "s"))
 
         cpu_rate = self._cpu_rate(snap, proc)
-        if cpu_rate is not None and cpu_rate >= cfg.cpu_threshold:
-            events.append("CPU %.2f cores" % cpu_rate)
+        self._read_stacks(t, snap)
+        spinning = self._spinning_cpu_rate(snap, proc)
+        work_rate = None if cpu_rate is None else max(0.0, cpu_rate - spinning)
+        if work_rate is not None and work_rate >= cfg.cpu_threshold:
+            events.append("CPU %.2f cores" % work_rate)
         read_delta = self._read_delta(snap, proc)
         if read_delta is not None and read_delta >= cfg.read_threshold:
             events.append("read_bytes +%s" % _mib(read_delta))
@@ -197,13 +228,23 @@ class Classifier(object):
         alive = self._alive(snap, proc)
         verdict = self._failure(snap, t, proc, alive)
         if verdict is None:
-            phase = self._phase(t, alive, read_delta, gpu_rising, cpu_rate, snap.http)
+            phase = self._phase(t, alive, read_delta, gpu_rising, work_rate, snap.http)
             if phase != st["phase"]:
                 if st["phase"] is not None:
                     events.append("phase %s -> %s" % (st["phase"], phase))
             if first or events:
                 st["last_progress_t"] = t
                 st["last_progress"] = "; ".join(events[:4]) if events else "first look"
+            noncpu = [event for event in events if not event.startswith("CPU ")]
+            if first or noncpu:
+                st["noncpu_progress_t"] = t
+                st["noncpu_progress"] = st["last_progress"]
+            st["silent"] = not noncpu
+            st["spin_note"] = None
+            if spinning >= cfg.cpu_threshold and (work_rate or 0.0) < cfg.cpu_threshold:
+                self._take_back_spun_cpu()
+                st["spin_note"] = ("; the CPU (%.2f cores) goes to frames that have not moved, nor touched new "
+                                   "memory, since +%s: a busy-wait, not work" % (spinning, self._secs(self._moved())))
             # A completion that timed out once is asked again with a short timeout (the waiter's
             # choice) while nothing else moves: a hung engine costs one full completion_timeout,
             # not one per look. Any progress, or an answer, gives the next one its full time again.
@@ -213,6 +254,62 @@ class Classifier(object):
         self._enter(verdict.phase, t)
         st["t_prev"] = snap.t
         return self._fill(verdict, t, snap, proc)
+
+    # -- the ranks' stacks ----------------------------------------------------------------
+    def _read_stacks(self, t, snap):
+        """Fold a stack read into the per-process state; `still` = unchanged and no fresh memory."""
+        st = self.state
+        sample = getattr(snap, "stacks", None)
+        if sample is None:
+            return
+        st["stacks_t"] = t
+        st["stacks_unavailable"] = sample.get("unavailable")
+        seen = {}
+        for proc in sample.get("processes") or []:
+            key = str(proc["pid"])
+            prev = st["stacks"].get(key)
+            faults = proc.get("faults") or 0
+            entry = {"name": proc.get("name"), "rank": proc.get("rank"), "state": proc.get("state"),
+                     "thread": proc.get("thread"), "frames": proc.get("frames") or [], "sig": proc.get("signature"),
+                     "faults": faults, "pid": proc["pid"]}
+            if prev is None or prev["sig"] != entry["sig"]:
+                entry.update(since=t, still_since=t, faults0=faults, still=False)
+            elif faults - prev["faults0"] >= self.config.fault_threshold:
+                # The same frames, on fresh memory: a loop of long native calls at work.
+                entry.update(since=prev["since"], still_since=t, faults0=faults, still=False)
+            else:
+                entry.update(since=prev["since"], still_since=prev["still_since"], faults0=prev["faults0"], still=True)
+            seen[key] = entry
+        st["stacks"] = seen
+
+    def _moved(self):
+        """When the processes that stand still were last seen moving (their latest still_since)."""
+        return max(entry["still_since"] for entry in self.state["stacks"].values() if entry["still"])
+
+    def _spinning_cpu_rate(self, snap, proc):
+        """Cores burnt since the previous look by processes whose stacks stand still."""
+        st = self.state
+        cpu = proc.get("cpu") or {}
+        prev = st["cpu_pid_prev"]
+        st["cpu_pid_prev"] = dict(cpu)
+        if st["t_prev"] is None or snap.t <= st["t_prev"]:
+            return 0.0
+        spun = sum(max(0.0, cpu[key] - prev[key]) for key, entry in st["stacks"].items()
+                   if entry["still"] and key in cpu and key in prev)
+        return spun / (snap.t - st["t_prev"])
+
+    def _take_back_spun_cpu(self):
+        """The tree's CPU went to frames that stand still: the progress it was counted as since
+        the busy processes were last seen moving is taken back."""
+        st = self.state
+        moved = self._moved()
+        floor = max(st["noncpu_progress_t"] or 0.0, moved)
+        if st["last_progress_t"] is not None and st["last_progress_t"] > floor:
+            st["last_progress_t"] = floor
+            if floor == moved and moved > (st["noncpu_progress_t"] or 0.0):
+                st["last_progress"] = "the busy ranks' stacks last moved or touched new memory"
+            else:
+                st["last_progress"] = st["noncpu_progress"]
 
     def _cpu_rate(self, snap, proc):
         st = self.state
@@ -422,15 +519,16 @@ class Classifier(object):
                            evidence=[st["marker_line"]] if st["marker_line"] else [], terminal=False)
         quiet = t - st["last_progress_t"]
         notes = self._http_notes(http)
+        where = (st.get("spin_note") or "") + self._where_note(t)
         if quiet >= cfg.stall_timeout:
-            return Verdict(STALLED, "stalled: no progress for %s in phase %s (last progress: %s at +%s; %s)%s"
+            return Verdict(STALLED, "stalled: no progress for %s in phase %s (last progress: %s at +%s; %s)%s%s"
                            % (self._secs(quiet), phase, st["last_progress"], self._secs(st["last_progress_t"]),
-                              self._picture(snap, proc, cpu_rate), notes),
+                              self._picture(snap, proc, cpu_rate), notes, where),
                            evidence=self._hang_evidence(http), terminal=True)
         if cfg.timeout and t >= cfg.timeout:
-            return Verdict(TIMEOUT, "timeout: not ready after %s; in phase %s since +%s, last progress %s ago (%s); %s%s"
+            return Verdict(TIMEOUT, "timeout: not ready after %s; in phase %s since +%s, last progress %s ago (%s); %s%s%s"
                            % (self._secs(t), phase, self._secs(self._phase_start(phase, t)),
-                              self._secs(quiet), st["last_progress"], self._picture(snap, proc, cpu_rate), notes),
+                              self._secs(quiet), st["last_progress"], self._picture(snap, proc, cpu_rate), notes, where),
                            evidence=self._hang_evidence(http), terminal=True)
         msg = "%s since +%s: %s" % (phase, self._secs(self._phase_start(phase, t)), self._picture(snap, proc, cpu_rate))
         if http.get("ready") and awaiting_notify:
@@ -438,6 +536,20 @@ class Classifier(object):
         if st["ready_hint"]:
             msg += "; the engine logged that it is ready but the %s check does not pass yet" % cfg.ready_check
         return Verdict(phase, msg + notes, evidence=[st["marker_line"]] if st["marker_line"] else [])
+
+    def _recent_stacks(self, t):
+        """The latest stack read's entries, when it is recent enough to say where the ranks are."""
+        st = self.state
+        if st["stacks_t"] is None or not st["stacks"]:
+            return []
+        fresh = 2 * max(self.config.stacks_interval, self.config.poll_interval) + 1
+        return list(st["stacks"].values()) if t - st["stacks_t"] <= fresh else []
+
+    def _where_note(self, t):
+        entries = self._recent_stacks(t)
+        if not entries:
+            return ""
+        return "; the ranks' stacks: " + summarize(entries, self.state["stacks_t"])
 
     @staticmethod
     def _awaiting_ready_notification(unit):
@@ -543,6 +655,14 @@ class Classifier(object):
         if st["last_progress_t"] is not None:
             verdict.last_progress = {"t": round(st["last_progress_t"], 1), "what": st["last_progress"]}
         verdict.phases = copy.deepcopy(st["phases"])
+        entries = self._recent_stacks(t)
+        verdict.stacks = [{"pid": e["pid"], "name": e["name"], "rank": e["rank"], "state": e["state"],
+                           "thread": e["thread"], "same_for": round(st["stacks_t"] - e["since"], 1),
+                           "frames": [{"function": f[0], "file": f[1], "line": f[2]} for f in e["frames"]]}
+                          for e in sorted(entries, key=lambda e: e["pid"])]
+        verdict.where = summarize(entries, st["stacks_t"], seconds=False) if entries else ""
+        if verdict.phase == FAILED and entries and "; the ranks' stacks: " not in verdict.msg:
+            verdict.msg += self._where_note(t)
         return verdict
 
     def _eta(self, t, verdict):

@@ -45,6 +45,13 @@ class WaitConfig(object):
     # Reading stopped this long while the CPU works: loading is over, initialisation runs.
     load_quiet_window: float = 60
     completion_timeout: float = 30
+    # The ranks' Python stacks (host/stacks.py): py-spy's path, "auto" (the engine venv's bin/,
+    # then PATH) or "off"; read during silent looks, at most every stacks_interval seconds (0:
+    # every silent look). A busy process whose stack has not moved and that faulted in fewer than
+    # fault_threshold pages since is spinning, not working (classifier.py).
+    py_spy: str = "auto"
+    stacks_interval: float = 0
+    fault_threshold: int = 256  # pages (1 MiB): a layer's fresh buffer is thousands
 
     def port(self):
         parsed = urlparse(self.url)
@@ -129,6 +136,8 @@ def build_config(params, proc_root="/proc", resuming=False):
         gpus=params.get("gpus"),
         progress_path=params.get("progress_path"),
         completion_timeout=_number(params, "completion_timeout", 0, strict=True) or 30,
+        py_spy=params.get("py_spy") or "auto",
+        stacks_interval=_number(params, "stacks_interval", 0) or 0,
     )
     if config.engine not in ENGINES:
         raise InputError("engine", "must be one of %s, got %r" % (", ".join(ENGINES), config.engine))
@@ -145,6 +154,8 @@ def build_config(params, proc_root="/proc", resuming=False):
             raise InputError("model_path", "%s holds no weight files (%s)" % (config.model_path, ", ".join(WEIGHT_PATTERNS)))
         if config.expected_bytes is None:
             config.expected_bytes = size
+    if config.py_spy not in ("auto", "off") and not os.path.isabs(config.py_spy):
+        raise InputError("py_spy", "must be auto, off or the absolute path of py-spy, got %r" % config.py_spy)
     for field in ("log_path", "progress_path"):
         path = getattr(config, field)
         if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):

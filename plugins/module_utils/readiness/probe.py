@@ -4,6 +4,7 @@ from ..common.command import run_command
 from ..common.errors import InputError
 from ..host.gpu import GpuReader
 from ..host.logs import FileTailer, JournalReader
+from ..host.stacks import StackReader
 from .snapshot import Snapshot
 
 
@@ -18,6 +19,7 @@ class HostProbe(object):
         self.proc_root = proc_root
         self.counter = procfs.TreeCounter()
         self.gpus = GpuReader(config.gpus, nvml=nvml, runner=runner)
+        self.stacks = StackReader(config.py_spy, runner=runner, proc_root=proc_root)
         self.sources = []
         self.journal = None
         self.root_start = None
@@ -74,8 +76,9 @@ class HostProbe(object):
             return self.config.pid, {}
         return self.config.pid, procfs.tree([self.config.pid], self.proc_root)
 
-    def snapshot(self, t, remaining=None):
-        """One look. remaining: the most seconds its HTTP probes may take (None: completion_timeout)."""
+    def snapshot(self, t, remaining=None, stacks=False):
+        """One look. remaining: the most seconds its HTTP probes may take (None: completion_timeout);
+        stacks: read the Python stacks of the server's processes too (the classifier asks)."""
         cfg = self.config
         errors = []
         unit = None
@@ -94,7 +97,13 @@ class HostProbe(object):
             "read_bytes": read_bytes,
             "states": dict((str(p), i["state"]) for p, i in processes.items()),
             "comms": dict((str(p), i["comm"]) for p, i in processes.items()),
+            "cpu": dict((str(p), round(i["own_ticks"] / float(procfs.CLK_TCK), 2)) for p, i in processes.items()),
         }
+        stack_read = None
+        if stacks and processes:
+            stack_read = self.stacks.read(processes)
+            if stack_read["unavailable"]:
+                errors.append("stacks unavailable: %s" % stack_read["unavailable"])
         try:
             gpus = self.gpus.read()
         except Exception as exc:  # a driver error must not end the wait: GPUs are one signal of many
@@ -116,4 +125,4 @@ class HostProbe(object):
         if http["listening"] and cfg.url_is_local():
             listeners = procfs.listening_socket_owners(cfg.port(), self.proc_root)
         return Snapshot(t=t, process=process, unit=unit, gpus=gpus, log_lines=new_lines,
-                        log_context=context, http=http, listeners=listeners, errors=errors)
+                        log_context=context, http=http, listeners=listeners, errors=errors, stacks=stack_read)

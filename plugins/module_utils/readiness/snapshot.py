@@ -9,8 +9,9 @@ from typing import Any, Dict, List, Optional
 @dataclasses.dataclass
 class Snapshot(object):
     t: float  # seconds since the wait began (monotonic clock)
-    # Process tree: {"root_pid", "alive", "pids", "cpu_seconds", "read_bytes", "states", "comms"}.
-    # states/comms map str(pid) -> value; read_bytes is None when /proc/<pid>/io is unreadable.
+    # Process tree: {"root_pid", "alive", "pids", "cpu_seconds", "read_bytes", "states", "comms", "cpu"}.
+    # states/comms/cpu (own CPU seconds) map str(pid) -> value; read_bytes is None when
+    # /proc/<pid>/io is unreadable.
     process: Dict[str, Any] = dataclasses.field(default_factory=dict)
     unit: Optional[Dict[str, Any]] = None  # systemctl show properties (unit mode only)
     gpus: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -19,6 +20,9 @@ class Snapshot(object):
     http: Optional[Dict[str, Any]] = None  # http_probe.probe_ready() result
     listeners: Optional[List[Dict[str, Any]]] = None  # owners of the URL's port when it listens
     errors: List[str] = dataclasses.field(default_factory=list)  # signals that could not be read
+    # The Python stacks of the server's processes when this look read them (host/stacks.py
+    # StackReader.read: {"processes": [...], "unavailable": None or why}), else None.
+    stacks: Optional[Dict[str, Any]] = None
 
     def to_dict(self):
         return dataclasses.asdict(self)

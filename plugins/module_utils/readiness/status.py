@@ -62,9 +62,15 @@ def format_status(verdict, elapsed):
             parts.append("%s/s" % size(verdict.read_rate, mib_digits=0))
         if verdict.eta is not None:
             parts.append("ETA %s" % duration(verdict.eta))
-        return head + (" (%s)" % ", ".join(parts) if parts else since)
+        return _with_where(head + (" (%s)" % ", ".join(parts) if parts else since), verdict)
     what = marker_summary(verdict.evidence[0]) if verdict.evidence else ""
-    return phase + (": " + what if what else "") + since
+    return _with_where(phase + (": " + what if what else "") + since, verdict)
+
+
+def _with_where(text, verdict):
+    """Where the ranks are, when their stacks were read (silent phases): `... | TP0-7 in f (x.py:1) for 40s`."""
+    where = getattr(verdict, "where", "")
+    return (text + " | " + where)[:STATUS_CHARS] if where else text
 
 
 def status_phase(status_text):

@@ -59,7 +59,7 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
             # than a poll for it, so a hung engine is declared stalled on time (docs/readiness.md: bounds).
             short = min(config.completion_timeout, config.poll_interval)
             remaining = short if remaining is None else min(remaining, short)
-        snap = probe.snapshot(t, remaining)
+        snap = probe.snapshot(t, remaining, stacks=classifier.stacks_due(t))
         verdict = classifier.observe(snap)
         # Signals that could not be read (journal access, systemctl, a GPU driver): said once.
         warnings.extend(e for e in snap.errors if e not in warnings)

@@ -1,0 +1,150 @@
+"""The hang that looks like work: the classifier with the ranks' stacks, on replayed looks.
+
+Each case drives the classifier as the waiter does: a look reads the stacks only when
+Classifier.stacks_due() says so, and the stacks are what py-spy would show (a signature per
+process, its innermost frames, its page-fault count). The shapes are those measured on the
+simulated engine with real py-spy (tests/integration/test_stacks_sim.py):
+  spin      every busy rank's frames stand still and it faults in no page (a busy-waiting collective)
+  repack    the frames stand still too, but each ~2.5 s layer faults in a fresh 32 MiB (8192 pages)
+  python    the frames move from one read to the next (a Python-level loop, the simulator's JIT)
+"""
+import pytest
+
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Classifier
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.snapshot import Snapshot
+
+from traces import SGLANG_PREFIX, config, http
+
+RANKS = (201, 202)
+API = 200
+
+
+def stack(pid, rank, function, signature, faults, state="R"):
+    return {"pid": pid, "name": "sglang::scheduler_TP%d" % rank, "rank": rank, "state": state,
+            "thread": "MainThread", "frames": [[function, "parallel_state.py", 512], ["forward", "model.py", 88]],
+            "signature": signature, "cpu_seconds": 0.0, "faults": faults}
+
+
+class Ranks(object):
+    """Two busy ranks and an idle API process; cumulative per-process CPU and faults."""
+
+    def __init__(self, shape, lines=()):
+        self.shape = shape
+        self.cpu = dict((pid, 1.0) for pid in RANKS + (API,))
+        self.faults = dict((pid, 5000) for pid in RANKS + (API,))
+        self.t = None
+        self.lines = list(lines)
+        self.reads = 0
+
+    def look(self, t, want_stacks, cores_per_rank=1.0, read_rate=0):
+        dt = 0.0 if self.t is None else t - self.t
+        self.t = t
+        for pid in RANKS:
+            self.cpu[pid] += cores_per_rank * dt
+            if self.shape == "repack":
+                self.faults[pid] += int(8192 * dt / 2.5)
+        self.reads += int(read_rate * dt)
+        process = {"root_pid": API, "alive": True, "pids": sorted(self.cpu),
+                   "cpu_seconds": round(sum(self.cpu.values()), 2), "read_bytes": self.reads,
+                   "states": dict((str(p), "R" if p in RANKS else "S") for p in self.cpu),
+                   "comms": dict((str(p), "python3") for p in self.cpu),
+                   "cpu": dict((str(p), round(c, 2)) for p, c in self.cpu.items())}
+        sample = None
+        if want_stacks:
+            moving = self.shape == "python"
+            procs = [stack(pid, rank, "all_reduce" if self.shape == "spin" else "repack_marlin_weights",
+                           "sig-%d-%s" % (pid, t if moving else "same"), self.faults[pid])
+                     for rank, pid in enumerate(RANKS)]
+            procs.append({"pid": API, "name": "python3", "rank": None, "state": "S", "thread": "MainThread",
+                          "frames": [["select", "selectors.py", 468]], "signature": "api", "cpu_seconds": 0.0,
+                          "faults": self.faults[API]})
+            sample = {"processes": procs, "unavailable": None}
+        lines, self.lines = self.lines, []
+        return Snapshot(t=t, process=process, log_lines=lines, http=http(), stacks=sample)
+
+
+def drive(cfg, ranks, until, poll, **look):
+    """Looks every `poll` seconds up to `until` or a terminal verdict; returns [(t, verdict, read stacks)]."""
+    classifier = Classifier(cfg)
+    seen = []
+    t = 0
+    while t <= until:
+        due = classifier.stacks_due(t)
+        verdict = classifier.observe(ranks.look(t, due, **look))
+        seen.append((t, verdict, due))
+        if verdict.terminal:
+            break
+        t += poll
+    return seen
+
+
+INIT = [SGLANG_PREFIX + "Load weight end. elapsed=12.00 s, type=DeepseekV3ForCausalLM, avail mem=20.00 GB"]
+
+
+def test_ranks_spinning_in_one_frame_are_stalled_after_stall_timeout_plus_one_read():
+    cfg = config(engine="sglang", stall_timeout=60, poll_interval=5)
+    seen = drive(cfg, Ranks("spin", INIT), until=600, poll=5)
+    t, verdict, _ = seen[-1]
+    assert verdict.phase == "stalled"
+    # The log's last line came at t=0; t=5 was the first silent look, so t=10 read the stacks and
+    # t=15 saw them unchanged: the CPU since t=10 went to frames that stand still, and the stall
+    # clock runs from t=10 - stall_timeout + 2 polls after the last other progress.
+    assert t == 70
+    assert "no progress for 60 s in phase initializing" in verdict.msg
+    assert ("the CPU (2.00 cores) goes to frames that have not moved, nor touched new memory, since +10 s: "
+            "a busy-wait, not work" in verdict.msg)
+    assert "the ranks' stacks: TP0-1 in all_reduce (parallel_state.py:512) for " in verdict.msg
+    assert verdict.where.startswith("TP0-1 in all_reduce (parallel_state.py:512) for ")
+    assert [s["rank"] for s in verdict.stacks] == [None, 0, 1] and verdict.stacks[1]["same_for"] == 60.0
+    # Stacks are read after a silent look only, at every look while silent (stacks_interval 0).
+    assert [due for _t, _v, due in seen[:4]] == [False, False, True, True]
+
+
+def test_a_repack_from_one_call_site_on_fresh_memory_stays_progress():
+    cfg = config(engine="sglang", stall_timeout=20, poll_interval=2)
+    seen = drive(cfg, Ranks("repack", INIT), until=300, poll=2)
+    assert all(verdict.phase == "initializing" for _t, verdict, _ in seen[1:])
+    last = seen[-1][1]
+    assert last.last_progress["what"].startswith("CPU 2.00 cores")
+    # The frames have not changed for the whole phase: `for` counts from the first read.
+    assert last.where.startswith("TP0-1 in repack_marlin_weights (parallel_state.py:512) for 4m5")
+
+
+def test_frames_that_move_are_progress_like_before():
+    cfg = config(engine="sglang", stall_timeout=20, poll_interval=2)
+    seen = drive(cfg, Ranks("python", INIT), until=200, poll=2)
+    assert not any(verdict.terminal for _t, verdict, _ in seen)
+
+
+def test_without_stacks_cpu_is_progress_as_before():
+    cfg = config(engine="sglang", stall_timeout=20, poll_interval=2, py_spy="off")
+    seen = drive(cfg, Ranks("spin", INIT), until=200, poll=2)
+    assert not any(verdict.terminal for _t, verdict, _ in seen)
+    assert not any(due for _t, _v, due in seen)
+    assert seen[-1][1].stacks == [] and seen[-1][1].where == ""
+
+
+def test_a_spin_while_loading_stays_in_loading_and_is_stalled_there():
+    cfg = config(engine="sglang", stall_timeout=30, poll_interval=5, expected_bytes=10 * 1024 ** 3)
+    ranks = Ranks("spin", [SGLANG_PREFIX + "Load weight begin. avail mem=90.00 GB"])
+    classifier = Classifier(cfg)
+    verdicts = []
+    for t in range(0, 300, 5):
+        reading = t < 40  # the reads stop at 40 s; the ranks spin from then on
+        due = classifier.stacks_due(t)
+        verdict = classifier.observe(ranks.look(t, due and not reading, read_rate=200 * 1024 ** 2 if reading else 0))
+        verdicts.append((t, verdict))
+        if verdict.terminal:
+            break
+    t, last = verdicts[-1]
+    assert last.phase == "stalled" and "in phase loading" in last.msg
+    assert 40 + 30 <= t <= 40 + 30 + 2 * 5
+
+
+@pytest.mark.parametrize("interval, bound", [(0, 70), (15, 85)])
+def test_stacks_interval_spaces_the_reads_and_bounds_the_verdict(interval, bound):
+    cfg = config(engine="sglang", stall_timeout=60, poll_interval=5, stacks_interval=interval)
+    seen = drive(cfg, Ranks("spin", INIT), until=600, poll=5)
+    reads = [t for t, _v, due in seen if due]
+    assert all(b - a >= max(interval, 5) for a, b in zip(reads, reads[1:]))
+    assert seen[-1][1].phase == "stalled" and seen[-1][0] <= bound
