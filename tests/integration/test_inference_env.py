@@ -71,6 +71,9 @@ def lab(tmp_path, wheelhouses):
                 "inference_env_stage_dir": self.stage,
                 "inference_env_controller_cache": str(tmp_path / "controller-cache"),
                 "inference_env_test_marker": self.marker,
+                # These wheelhouses are about compressed-tensors; py-spy's install is tested on the
+                # test hosts' deploys (test_sim_sglang_deploy.py, test_collection_install.py).
+                "inference_env_py_spy": False,
             }
             extravars.update(overrides)
             self.runs = getattr(self, "runs", 0) + 1
@@ -141,7 +144,7 @@ def repaired(tmp_path_factory, wheelhouses):
         "inference_env_venv": state.venv, "inference_env_engine": "sim", "inference_env_engine_version": SIM_VERSION,
         "inference_env_wheelhouse": wheelhouses["main"], "inference_env_model_path": model,
         "inference_env_stage_dir": str(base / "stage"), "inference_env_controller_cache": str(base / "cache"),
-        "inference_env_test_marker": state.marker,
+        "inference_env_test_marker": state.marker, "inference_env_py_spy": False,
     }
     state.before_has_member = enum_has(state.venv, "nvfp4_pack_quantized")
     state.first = envkit.run_playbook(str(base / "runner-1"), inventory, extravars)

@@ -91,7 +91,7 @@ def test_real_compressed_tensors_upgrade_keeps_torch(real, record_property):
         "inference_env_venv": venv, "inference_env_engine": "sim", "inference_env_engine_version": "0.1.0",
         "inference_env_wheelhouse": real["house"], "inference_env_model_path": model,
         "inference_env_stage_dir": str(base / "stage"), "inference_env_controller_cache": str(base / "cache"),
-        "inference_env_test_marker": str(base / "restart-requested"),
+        "inference_env_test_marker": str(base / "restart-requested"), "inference_env_py_spy": False,
     }
     first = timed("role run 1 (upgrade)", timings, envkit.run_playbook, str(base / "r1"), inventory, extravars)
     assert first.rc == 0, first.stdout[-4000:]

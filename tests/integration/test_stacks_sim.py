@@ -86,18 +86,18 @@ def test_a_rank_spinning_after_ready_is_stalled_not_timed_out(sims, model):
 
 def test_silent_repack_from_one_call_site_on_fresh_memory_is_progress(sims, model, tmp_path):
     progress = str(tmp_path / "progress.jsonl")
-    # 30 s of repack, layers of ~2.5 s: almost four stall timeouts of frames that do not change.
-    sim = sims.start("sglang", model, "--tp", "2", "--repack-seconds", "30", "--disable-cuda-graph")
+    # 24 s of repack, layers of ~2.5 s: three stall timeouts of frames that do not change.
+    sim = sims.start("sglang", model, "--repack-seconds", "24", "--disable-cuda-graph")
     run = attached(sim, **wait(sim, "sglang", progress_path=progress))
     assert run.rc == 0 and run.result["phase"] == "ready", run
     phases = dict((p["phase"], p["duration"]) for p in run.result["phases"])
-    assert phases["initializing"] >= 25, run.result["phases"]
+    assert phases["initializing"] >= 20, run.result["phases"]
     with open(progress) as handle:
         looks = [json.loads(line) for line in handle]
     read = [look for look in looks if look["snapshot"]["stacks"]]
-    assert len(read) >= 10  # read at the silent looks of the repack
+    assert len(read) >= 8  # read at the silent looks of the repack
     during = [look["verdict"]["where"] for look in looks if "repack_marlin_weights" in look["verdict"]["where"]]
-    assert any(w.startswith("TP0-1 in repack_marlin_weights (modelwake_sim/ranks.py:") for w in during), during[-3:]
+    assert any(w.startswith("TP0 in repack_marlin_weights (modelwake_sim/ranks.py:") for w in during), during[-3:]
     # The frames stood still for more than stall_timeout: their page faults kept it progress.
     longest = max(s["same_for"] for look in read for s in look["verdict"]["stacks"] if s["rank"] == 0)
     assert longest > STALL, longest

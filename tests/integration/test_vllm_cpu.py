@@ -1,19 +1,16 @@
-"""A REAL vLLM server (CPU build, tiny local model): the facts the readiness module relies on, and
-the module itself watching it. Few tests on purpose: each real start costs ~20 s on 2 cores."""
+"""A REAL vLLM server (CPU build, tiny local model): the facts the readiness module relies on.
+Few tests on purpose: each real start costs ~20 s on 2 cores. The module watching real starts is
+tested where it is used: on a test host by deploy-k26.yml (test_vllm_deploy.py: ready, the
+truncated shard's SafetensorError, the stopped worker) and under the launcher (test_launcher_vllm.py)."""
 import json
 import os
-import re
 import shutil
-import subprocess
 
 import pytest
 
-from realengine import ROOT, real_vllm, tiny_model, vllm_cpu, vllm_python  # noqa: F401 (pytest fixtures)
+from realengine import real_vllm, tiny_model, vllm_cpu, vllm_python  # noqa: F401 (pytest fixtures)
 
 pytestmark = pytest.mark.slow
-
-MODULE = os.path.join(ROOT, "plugins", "modules", "wait_for_model_ready.py")
-needs_module = pytest.mark.skipif(not os.path.exists(MODULE), reason="module not yet present")
 
 # The lines the module's vLLM markers depend on, in the order a start prints them.
 START_MARKERS = ("Starting to load model", "Loading weights took", "Application startup complete.")
@@ -25,20 +22,6 @@ def first_index(lines, needle):
 
 def truncated_copy(model_dir, tmp_path):
     return vllm_cpu.damaged_copy(model_dir, str(tmp_path / "truncated-model"), "truncated-shard")
-
-
-def run_module(server, model_dir, timeout=600, stall_timeout=120):
-    """Run the module through Ansible's ad-hoc command, as an operator would; returns its result."""
-    args = "url=%s pid=%d engine=vllm model_path=%s log_path=%s timeout=%d stall_timeout=%d poll_interval=2" % (
-        server.url, server.pid, model_dir, server.log_path, timeout, stall_timeout)
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
-               ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_NOCOLOR="1")
-    done = subprocess.run([os.path.join(ROOT, ".venv", "bin", "ansible"), "localhost", "-m", "wait_for_model_ready",
-                           "-a", args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True, timeout=timeout + 60)
-    match = re.search(r"^localhost \| (\w+)!? => (\{.*\})\s*$", done.stdout, re.S | re.M)
-    assert match, "no module result in ansible output (rc %d):\n%s" % (done.returncode, done.stdout)
-    return match.group(1), json.loads(match.group(2))
 
 
 def test_start_to_ready_refuses_then_answers(real_vllm, tiny_model):
@@ -69,28 +52,6 @@ def test_truncated_shard_fails_with_safetensor_error(real_vllm, tiny_model, tmp_
     final = max(i for i, line in enumerate(lines) if line.startswith("RuntimeError: Engine core initialization failed"))
     assert root_cause is not None and root_cause < final, lines[-30:]
     assert "incomplete metadata, file not fully covered" in lines[root_cause]
-
-
-@needs_module
-def test_module_reports_ready_on_a_real_start(real_vllm, tiny_model):
-    server = real_vllm(tiny_model)
-    outcome, result = run_module(server, tiny_model)
-    assert (outcome, result["phase"]) == ("SUCCESS", "ready"), result
-    # It watched the start, not only its end: phases before ready were seen and timed.
-    assert [p["phase"] for p in result["phases"]][-1] == "ready"
-    assert len(result["phases"]) > 1, result["phases"]
-    assert result["pid"] == server.pid
-    assert vllm_cpu.completion(server.url)[0] == 200
-
-
-@needs_module
-def test_module_reports_failed_with_the_root_cause(real_vllm, tiny_model, tmp_path):
-    model = truncated_copy(tiny_model, tmp_path)
-    server = real_vllm(model)
-    outcome, result = run_module(server, model)
-    assert (outcome, result["phase"]) == ("FAILED", "failed"), result
-    assert any("SafetensorError" in line for line in result["evidence"]), result["evidence"]
-    assert server.wait_exit() == 1
 
 
 def test_tiny_model_is_generated_locally_and_cached(vllm_python, tmp_path):

@@ -72,6 +72,12 @@ def worker_pid():
     return on_guest("pgrep -o '^VLLM::Worker' || true")
 
 
+def new_worker_pid(old):
+    """The newest worker when it is not `old`, else ''."""
+    newest = on_guest("pgrep -n '^VLLM::Worker' || true")
+    return newest if newest and newest != old else ""
+
+
 def health():
     return VM.health(PORT)
 
@@ -197,6 +203,16 @@ def test_worker_killed_after_ready_exits_0_and_the_unit_comes_back(guest):
     assert unit_state()["InvocationID"] != before["InvocationID"]
 
 
+def stopped_worker_named(result, pid):
+    """The ranks' stacks (py-spy from the venv, installed by inference_env) name the stopped worker
+    and where it stopped; the API server and the engine core are shown as well."""
+    msg = result["msg"]
+    assert re.search(r"the ranks' stacks: .*VLLM::Worker \(pid %s\) state T \(stopped\) in \w+ \(\S+:\d+\)" % pid, msg), msg
+    worker = [s for s in result["stacks"] if str(s["pid"]) == str(pid)]
+    assert worker and worker[0]["state"] == "T" and worker[0]["frames"], result["stacks"]
+    assert "VLLM::EngineCore" in [s["name"] for s in result["stacks"]], result["stacks"]
+
+
 def test_worker_stopped_after_ready_is_stalled_while_health_says_200(guest):
     pid = worker_pid()
     on_guest("kill -STOP %s" % pid)
@@ -210,19 +226,23 @@ def test_worker_stopped_after_ready_is_stalled_while_health_says_200(guest):
     VERDICTS["SIGSTOP after ready"] = after["msg"]
     assert after["phase"] == "stalled", after
     assert "state T (stopped)" in after["msg"], after
+    stopped_worker_named(after, pid)
     assert STALL <= after["elapsed"] < STALL + 60, after
     assert guest.wait(**vllm_wait())["phase"] == "ready"
 
 
 def test_worker_stopped_during_start_is_stalled_then_a_reboot_brings_it_back(guest):
+    old = worker_pid()
     on_guest("systemctl restart --no-block %s" % UNIT)
-    pid = until("the worker process", worker_pid, timeout=180, interval=0.2)
+    # The new start's worker: while the old unit stops, its worker can still be there.
+    pid = until("the new start's worker process", lambda: new_worker_pid(old), timeout=180, interval=0.2)
     on_guest("kill -STOP %s" % pid)
     with timed("SIGSTOP worker during start -> stalled (stall_timeout %d)" % STALL):
         during = guest.wait(**vllm_wait(stall_timeout=STALL))
     VERDICTS["SIGSTOP during start"] = during["msg"]
     assert during["phase"] == "stalled", during
     assert "state T (stopped)" in during["msg"], during
+    stopped_worker_named(during, pid)
     assert STALL <= during["elapsed"] < STALL + 60, during
     # Nothing listens yet: here /health has nothing to say either.
     assert health() == "000"

@@ -106,7 +106,7 @@ def journal_since(host, cursor):
 def test_unit_is_a_notify_unit_with_the_stall_budget(host):
     props = show(host, "Type", "NotifyAccess", "TimeoutStartUSec", "ActiveState", "StatusText")
     assert props["Type"] == "notify" and props["NotifyAccess"] == "main"
-    assert props["TimeoutStartUSec"] == "1min"  # stall_timeout 20 + 2 polls of 5 + 30
+    assert props["TimeoutStartUSec"] == "54s"  # stall_timeout 20 + 2 polls of 2 + 30
     assert props["ActiveState"] == "active" and re.match(r"ready in \d+", props["StatusText"])
     assert SECRET not in host.check_output("systemctl show %s" % UNIT)
 
@@ -121,6 +121,10 @@ def test_status_shows_the_phases_and_start_returns_only_when_a_completion_works(
     texts = [text for _t, _state, text in samples]
     assert any(re.match(r"loading \d+% \(\d+/64 shards", t) for t in texts), texts
     assert any(t.startswith("initializing") for t in texts), texts
+    # During the silent initialisation the launcher (as the service user, with the py-spy that
+    # inference_env put into the venv) shows where the ranks are.
+    assert any(re.match(r"initializing.* \| TP[0-9,-]+ in burn \(modelwake_sim/ranks\.py:\d+\) for \d+s", t)
+               for t in texts), texts
     assert 'Status: "loading' in got["status_during_load"] and "activating (start)" in got["status_during_load"]
     assert got["early"] != 200  # while loading, no completion: the start must not have returned
     # The start returned only after the load was let go, and the initialisation after it.
