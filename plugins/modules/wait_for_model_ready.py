@@ -302,6 +302,11 @@ where:
   type: str
   sample: "TP0-6 in all_reduce (parallel_state.py:512) for 10m00s; TP7 state T (stopped) in load_weights (loader.py:449)
     for 10m00s - the odd one out"
+stacks_unavailable:
+  description: Why the latest read of the stacks got none (py-spy not installed, not permitted), or empty.
+  returned: always
+  type: str
+  sample: "py-spy is not installed (looked next to the engine's interpreter (/opt/modelwake/venv/bin) and on PATH)"
 """
 
 from ansible.module_utils.basic import AnsibleModule

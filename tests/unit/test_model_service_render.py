@@ -202,6 +202,41 @@ def test_launcher_makes_a_notify_unit_and_words_are_quoted_for_systemd(rendered)
     assert directive(unit, "TimeoutStartSec") == ["640"]
 
 
+PTRACE_CASES = {
+    "noyama": (None, "auto", False),  # no Yama: the launcher reads its own user's engine
+    "scope0": ("0", "auto", False),
+    "scope1": ("1", "auto", True),  # py-spy is not the engine's ancestor
+    "scope2": ("2", "auto", True),  # admin-only attach
+    "scope3": ("3", "auto", False),  # nobody may attach: granting would not help
+    "never": ("1", "never", False),
+    "always": (None, "always", True),
+}
+
+
+def test_ptrace_is_granted_to_the_launcher_only_where_yama_asks_for_it(tmp_path):
+    model = str(tmp_path / "model")
+    make_model(model)
+    hosts = {}
+    for name, (scope, grant, _granted) in PTRACE_CASES.items():
+        scope_file = tmp_path / ("ptrace_scope-" + name)
+        if scope is not None:
+            scope_file.write_text(scope + "\n")
+        hosts[name] = {"model_service_engine": "vllm", "model_service_unit": "vllm-notify", "model_service_model_path": model,
+                       "model_service_ptrace_grant": grant, "test_scope_file": str(scope_file)}
+    # Each host reads its own Yama file (an extra var templated per host).
+    proc, root = run_play(tmp_path, hosts, extra={"_model_service_ptrace_scope_file": "{{ test_scope_file }}"})
+    assert proc.returncode == 0, proc.stdout
+    for name, (_scope, _grant, granted) in PTRACE_CASES.items():
+        with open(os.path.join(str(root), name, "unit.service")) as handle:
+            unit = handle.read()
+        if granted:
+            assert directive(unit, "AmbientCapabilities") == ["CAP_SYS_PTRACE"], name
+            assert directive(unit, "CapabilityBoundingSet") == ["CAP_SYS_PTRACE"], name
+            assert directive(unit, "NoNewPrivileges") == ["true"]  # an ambient grant needs no new privileges
+        else:
+            assert not directive(unit, "AmbientCapabilities") and not directive(unit, "CapabilityBoundingSet"), name
+
+
 def test_no_secret_in_units_or_output(rendered):
     for host in ("sglangkey", "vllm", "sim"):
         assert SECRET not in read(rendered, host, "unit.service")

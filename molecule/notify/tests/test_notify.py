@@ -111,6 +111,23 @@ def test_unit_is_a_notify_unit_with_the_stall_budget(host):
     assert SECRET not in host.check_output("systemctl show %s" % UNIT)
 
 
+def capabilities(host, pid):
+    status = host.file("/proc/%s/status" % pid).content_string
+    return dict((k, int(v, 16)) for k, v in re.findall(r"^(Cap\w+):\s+([0-9a-f]+)$", status, re.M))
+
+
+def test_only_the_launcher_holds_cap_sys_ptrace(host):
+    cap_sys_ptrace = 1 << 19
+    launcher = show(host, "MainPID")["MainPID"]
+    assert capabilities(host, launcher)["CapAmb"] == cap_sys_ptrace
+    engine = host.check_output("pgrep -P %s -f modelwake_sim" % launcher).split()  # not a py-spy in flight
+    ranks = host.check_output("pgrep -f '^sglang::scheduler_TP'").split()
+    assert engine and len(ranks) == 8
+    for pid in engine + ranks:
+        caps = capabilities(host, pid)
+        assert caps["CapEff"] == 0 and caps["CapAmb"] == 0 and caps["CapPrm"] == 0, (pid, caps)
+
+
 def test_status_shows_the_phases_and_start_returns_only_when_a_completion_works(host):
     got = json.loads(guest_python(host, WATCH_START))
     assert got["rc"] == 0, got

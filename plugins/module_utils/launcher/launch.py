@@ -16,6 +16,7 @@ forwarded. The API key is read from the environment (EnvironmentFile=), never fr
 """
 import argparse
 import collections
+import ctypes
 import dataclasses
 import os
 import queue
@@ -60,6 +61,26 @@ class StopRequested(Exception):
 
     A signal, not a failure (like KeyboardInterrupt), so deliberately outside ModelWakeError: an
     `except ModelWakeError` that reports a failure must never swallow a stop."""
+
+
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+
+def ambient_capability_dropper():
+    """A preexec_fn for the engine's child: clear the ambient capabilities before exec, so the engine
+    (a non-root user, no file capabilities) runs with none. The unit grants CAP_SYS_PTRACE where Yama
+    asks for it (roles/model_service), for the launcher's py-spy only. prctl is looked up here, in
+    the parent: between fork and exec only the call itself runs. Kernels before 4.3 have no ambient
+    set, and a libc without prctl needs no drop: then nothing is done."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def drop():
+        prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    return drop
 
 
 # -- Prometheus textfile -----------------------------------------------------------------
@@ -130,6 +151,8 @@ class Reporter(object):
         """wait_for_ready's on_snapshot hook."""
         now = self.clock()
         self.verdict = verdict
+        for error in snap.errors:  # a signal that could not be read (stacks, journal, GPUs): said once
+            self._say_once(error)
         text = format_status(verdict, now - self.start)
         if verdict.phase == READY:
             if not self.ready:
@@ -239,7 +262,8 @@ class Engine(object):
         read_fd, write_fd = os.pipe()
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=write_fd, stderr=write_fd,
-                                         env=env, start_new_session=True, close_fds=True)
+                                         env=env, start_new_session=True, close_fds=True,
+                                         preexec_fn=ambient_capability_dropper())
         finally:
             os.close(write_fd)
         self.pid = self.proc.pid

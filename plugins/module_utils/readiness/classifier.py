@@ -67,6 +67,7 @@ class Verdict(object):
     # thread, frames (innermost first) and same_for (seconds its stack has not changed).
     stacks: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
     where: str = ""  # those stacks in one line (stack_summary.summarize)
+    stacks_unavailable: str = ""  # why the latest read got no stacks (no py-spy, not permitted)
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -661,6 +662,7 @@ class Classifier(object):
                            "frames": [{"function": f[0], "file": f[1], "line": f[2]} for f in e["frames"]]}
                           for e in sorted(entries, key=lambda e: e["pid"])]
         verdict.where = summarize(entries, st["stacks_t"], seconds=False) if entries else ""
+        verdict.stacks_unavailable = st["stacks_unavailable"] or ""
         if verdict.phase == FAILED and entries and "; the ranks' stacks: " not in verdict.msg:
             verdict.msg += self._where_note(t)
         return verdict

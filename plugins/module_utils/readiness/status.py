@@ -68,9 +68,13 @@ def format_status(verdict, elapsed):
 
 
 def _with_where(text, verdict):
-    """Where the ranks are, when their stacks were read (silent phases): `... | TP0-7 in f (x.py:1) for 40s`."""
+    """Where the ranks are, when their stacks were read (silent phases): `... | TP0-7 in f (x.py:1) for 40s`;
+    when they could not be read, why (`... | no stacks: py-spy may not read process 42: ...`)."""
     where = getattr(verdict, "where", "")
-    return (text + " | " + where)[:STATUS_CHARS] if where else text
+    if where:
+        return (text + " | " + where)[:STATUS_CHARS]
+    why = getattr(verdict, "stacks_unavailable", "")
+    return (text + " | no stacks: " + why)[:STATUS_CHARS] if why else text
 
 
 def status_phase(status_text):
