@@ -118,6 +118,7 @@ def _pictures(results, out):
         timeline.render_png(timeline.prepare(runs[-1]), os.path.join(out, "timeline-real-vllm.png"),
                             "real vLLM CPU 0.32.0 (tiny model, torch.compile warm-up): the module's looks")
         made["real-vllm"] = "timeline-real-vllm.png"
+    lines += _stacks_section(results.get("stacks"))
     throughput = results.get("throughput") or {}
     if throughput.get("levels"):
         timeline.render_throughput(throughput["levels"], os.path.join(out, "throughput.png"),
@@ -277,6 +278,36 @@ MISS_NOTES = [
     ("re-run", "the re-run's own time on a 2-core machine shared with other jobs' deploys and tests (see the "
                "load average above); it changed nothing and restarted nothing."),
 ]
+
+
+def _stacks_section(measured):
+    if not measured:
+        return []
+    cost, verdicts = measured.get("cost") or {}, measured.get("verdicts") or {}
+    lines = ["## The ranks' stacks", "",
+             "py-spy (`dump --json --nonblocking`, as `host/stacks.py` runs it) reading the simulated SGLang server "
+             "at TP 8 during its silent initialisation: %d reads of %d Python processes each." % (
+                 cost.get("reads", 0), cost.get("processes", 0)), "",
+             "| CPU per read | CPU per process | wall per read | slowest read |", "|---|---|---|---|",
+             "| %.3f s | %.1f ms | %.3f s | %.3f s |" % (cost.get("cpu_s_per_read", 0), cost.get("cpu_ms_per_process", 0),
+                                                   cost.get("wall_s_per_read", 0), cost.get("wall_s_max", 0)), "",
+             "A read happens only after a look that saw nothing move but CPU, so a loading or chatty start pays "
+             "nothing; at `stacks_interval: 0` and `poll_interval: 5` a silent TP-8 phase costs %.1f %% of a core." % (
+                 100.0 * cost.get("cpu_s_per_read", 0) / 5.0), "",
+             "A busy-spinning hang (`--fault spin:initializing`, TP 4: three ranks spin inside one native call, "
+             "the fourth parks), `stall_timeout: %s`, `poll_interval: %s`; seconds from the hang's start (the "
+             "phase's first look) to the verdict:" % (measured["stall_timeout"], measured["poll_interval"]), "",
+             "| the module | verdict | after the hang began | bound (stall + 2 polls + a read) |", "|---|---|---|---|"]
+    bound = measured["stall_timeout"] + 3 * measured["poll_interval"]
+    for label in ("with stacks", "without stacks"):
+        got = verdicts.get(label)
+        if got:
+            lines.append("| %s | %s | %s s | %s |" % (label, got["phase"], _num(got["after_hang_s"]),
+                                                    "%.0f s" % bound if label == "with stacks" else "the overall timeout"))
+    got = verdicts.get("with stacks")
+    if got:
+        lines += ["", "Its message: `%s`" % got["msg"].replace("|", "\\|")]
+    return lines + [""]
 
 
 def write(results, out):

@@ -60,7 +60,7 @@ SCENARIOS = [
     ("hang-ready", "hang:ready", "ready line (the fault fires at once)"),
 ]
 APPROACHES = ("module", "uri", "wait_for")
-STEPS = ("scenarios", "cost", "throughput", "rerun", "fanout", "realvllm")
+STEPS = ("scenarios", "cost", "stacks", "throughput", "rerun", "fanout", "realvllm")
 
 
 def ansible_env(extra=None):
@@ -256,6 +256,59 @@ def measure_cost(model, work, seconds=120.0, poll=5.0):
             "polls": polls, "processes": len(seen), "cpu_s": round(sum(v[0] for v in seen.values()), 3),
             "children_cpu_s": round(sum(v[1] for v in seen.values()), 3),
             "peak_rss_mib": round(max([v[2] for v in seen.values()] or [0]) / 1024.0, 1)}
+
+
+# -- the ranks' stacks: what a read costs, when a spinning hang is declared ----------------------------
+
+def measure_stacks(model, work, reads=20, stall=10, poll=1.0):
+    """py-spy's cost per read on a TP-8 simulated SGLang tree (8 ranks, the API process), then the
+    module on a busy-spinning hang (--fault spin:initializing, TP 4: three ranks spin in one native
+    call, the fourth parks) with stacks and without: when each verdict came after the hang began."""
+    from ansible_collections.modelwake.serving.plugins.module_utils.host import procfs, stacks
+    base = os.path.join(work, "stacks")
+    os.makedirs(base, exist_ok=True)
+    cost = {}
+    args = ["--tp", "8", "--disable-cuda-graph", "--start-seconds", "1", "--load-rate-mib", "64",
+            "--init-seconds", "600"]
+    sim = simrun.SimRun("sglang", model, _fresh(os.path.join(base, "tp8.log")), args).start()
+    try:
+        sim.wait_for("Using CompressedTensorsWNA16MarlinMoEMethod", 120)
+        reader = stacks.StackReader("auto")
+        walls, found = [], 0
+        before = os.times()
+        for _ in range(reads):
+            tree = procfs.tree([sim.proc.pid])
+            started = time.monotonic()
+            found = len(reader.read(tree)["processes"])
+            walls.append(time.monotonic() - started)
+        after = os.times()
+        cpu = (after.children_user + after.children_system) - (before.children_user + before.children_system)
+        cost = {"reads": reads, "processes": found, "cpu_s_per_read": round(cpu / reads, 4),
+                "cpu_ms_per_process": round(1000.0 * cpu / reads / max(1, found), 1),
+                "wall_s_per_read": round(sum(walls) / reads, 3), "wall_s_max": round(max(walls), 3)}
+    finally:
+        sim.stop()
+    verdicts = {}
+    for label, py_spy in (("with stacks", "auto"), ("without stacks", "off")):
+        sim = simrun.SimRun("sglang", model, _fresh(os.path.join(base, "spin-%s.log" % py_spy)),
+                            ["--tp", "4", "--disable-cuda-graph", "--start-seconds", "1", "--load-rate-mib", "64",
+                             "--fault", "spin:initializing"]).start()
+        try:
+            args = "url=%s pid=%d engine=sglang log_path=%s timeout=%d stall_timeout=%d poll_interval=%s py_spy=%s" % (
+                sim.url, sim.proc.pid, sim.log_path, 6 * stall, stall, poll, py_spy)
+            done = subprocess.run([os.path.join(VENV_BIN, "ansible"), "localhost", "-m", "wait_for_model_ready",
+                                   "-a", args], cwd=ROOT, env=ansible_env({"ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+                                  timeout=600)
+            result = json.loads(done.stdout[done.stdout.index("=> {") + 3:])
+            hang = sim.first("Using CompressedTensorsWNA16MarlinMoEMethod")  # the spin begins with the phase
+            init = [p for p in result.get("phases", []) if p["phase"] == "initializing"]
+            verdicts[label] = {"phase": result["phase"], "elapsed": result.get("elapsed"),
+                               "after_hang_s": round(result["elapsed"] - init[0]["start"], 1) if init else None,
+                               "msg": result.get("msg", "")[:600], "hang_wall": hang}
+        finally:
+            sim.stop()
+    return {"cost": cost, "stall_timeout": stall, "poll_interval": poll, "verdicts": verdicts}
 
 
 # -- throughput on the sim -------------------------------------------------------------------------
@@ -489,6 +542,7 @@ def main(argv=None):
                 results["scenarios"].append(run_scenario(engine, name, fault, event, model, work))
                 save()
     for step, what, measure in (("cost", "the module's own cost", lambda: measure_cost(model, work)),
+                                ("stacks", "the ranks' stacks: cost and the spinning hang", lambda: measure_stacks(model, work)),
                                 ("throughput", "throughput of the simulated engine", lambda: measure_throughput(model, work)),
                                 ("rerun", "deploy-k26.yml re-run on a ready test host", lambda: measure_rerun(work)),
                                 ("fanout", "fan-out over 1, 2 and 4 test hosts", lambda: measure_fanout(work)),

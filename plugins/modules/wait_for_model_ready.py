@@ -132,8 +132,8 @@ options:
     description:
       - The least seconds between two reads of the stacks (each read costs about 15 ms of CPU per
         Python process). C(0) reads them at every look that saw nothing move but CPU.
-      - A busy-spinning hang is declared stalled at most I(stall_timeout) + I(stacks_interval) +
-        2 x I(poll_interval) after it began.
+      - A busy-spinning hang is declared stalled at most I(stall_timeout) + 3 x I(poll_interval) after
+        it began (I(stall_timeout) + 2 x I(poll_interval) + I(stacks_interval) when that is longer).
     type: float
     default: 0
   _resume:

@@ -60,6 +60,18 @@ def test_an_unchanging_status_is_no_progress():
     assert verdicts[-1][1].phase == "stalled" and verdicts[-1][0] == 60
 
 
+def test_a_status_whose_only_change_is_the_stacks_age_is_no_progress():
+    """The launcher's STATUS= ends with where the ranks are and for how long: that grows at every
+    look of a hang, and must not keep it alive (a SIGSTOPped worker under a notify unit)."""
+    trace = Trace(pids=(100, 101))
+    cfg = config(unit=UNIT, engine="sglang", stall_timeout=60, poll_interval=5)
+    snaps = [trace.step(t, unit=notify_unit("initializing: Load weight end (since 0s) | VLLM::Worker (pid 101) state T "
+                                            "(stopped) in load_weights (loader.py:449) for %ds" % t))
+             for t in range(0, 100, 5)]
+    verdicts = replay(cfg, snaps)
+    assert verdicts[-1][1].phase == "stalled" and verdicts[-1][0] == 60
+
+
 def test_the_launchers_last_status_is_in_the_failure_message():
     trace = Trace(pids=(100, 101))
     cfg = config(unit=UNIT, engine="sglang", stall_timeout=600, poll_interval=5)

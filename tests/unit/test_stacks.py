@@ -141,3 +141,19 @@ def test_unranked_processes_are_named_by_title_and_pid_and_ranges_compress():
     assert summarize(entries, 100.0, seconds=False) == ("TP0-2,4,6-7 in repack_marlin_weights (loader.py:211) for 40s; "
                                                         "python3 (pid 9) in select (loader.py:468) for 1m40s")
     assert summarize([], 1.0) == ""
+
+
+def test_one_py_spy_release_everywhere():
+    """The reader is tested with one py-spy release: the controller's, the role's and the wheelhouse's."""
+    import yaml
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    pin = "py-spy==%s" % stacks.PY_SPY_VERSION
+    with open(os.path.join(root, "requirements.txt")) as handle:
+        assert pin in handle.read().split()
+    with open(os.path.join(root, "roles", "inference_env", "defaults", "main.yml")) as handle:
+        assert yaml.safe_load(handle)["inference_env_py_spy_version"] == stacks.PY_SPY_VERSION
+    with open(os.path.join(root, "roles", "inference_env", "meta", "argument_specs.yml")) as handle:
+        spec = yaml.safe_load(handle)["argument_specs"]["main"]["options"]
+    assert spec["inference_env_py_spy_version"]["default"] == stacks.PY_SPY_VERSION
+    with open(os.path.join(root, "tools", "vllm_cpu.py")) as handle:
+        assert '"%s"' % pin in handle.read()

@@ -5,7 +5,7 @@ exactly the phases it should (starting, loading, initializing) and nothing else.
 """
 import pytest
 
-from ansible_collections.modelwake.serving.plugins.module_utils.readiness import phases
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness import phases, status
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Verdict
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.status import (STATUS_CHARS, format_status,
                                                                                         marker_summary, status_phase)
@@ -93,3 +93,19 @@ def test_every_phase_has_a_round_trip_case():
 def test_a_long_terminal_message_is_cut_to_one_short_line():
     text = format_status(Verdict(phase="failed", msg="failed: " + "x\n" * 400), 1)
     assert len(text) == STATUS_CHARS and "\n" not in text
+
+
+@pytest.mark.parametrize("text, news", [
+    ("initializing: Load weight end (since 12s) | TP0-7 in repack_marlin_weights (marlin.py:211) for 40s",
+     "initializing: Load weight end (since 12s)"),
+    ("initializing: Load weight end (since 12s) | TP0-6 in all_reduce (p.py:5) for 1m40s; TP7 state T (stopped) in "
+     "load_weights (l.py:9) for 1m40s - the odd one out", "initializing: Load weight end (since 12s)"),
+    ("starting the engine | no stacks: py-spy may not read process 42: Permission denied", "starting the engine"),
+    ("initializing: Loading safetensors checkpoint shards: 100% Completed | 8/8 (since 3s)",
+     "initializing: Loading safetensors checkpoint shards: 100% Completed | 8/8 (since 3s)"),
+    ("loading 45% (29/64 shards, 575 MiB/s, ETA 6m02s)", "loading 45% (29/64 shards, 575 MiB/s, ETA 6m02s)"),
+    (None, None),
+])
+def test_the_stacks_age_is_not_news(text, news):
+    """The classifier counts a changed StatusText as progress: the stacks' `for 40s` must not be."""
+    assert status.status_news(text) == news

@@ -39,7 +39,7 @@ from ..host import http_probe
 from . import engines
 from .phases import FAILED, INITIALIZING, LOADING, NOT_STARTED, PHASES, READY, STALLED, STARTING, TIMEOUT
 from .stack_summary import summarize
-from .status import status_phase
+from .status import status_news, status_phase
 
 TAIL_LINES = 200
 RATE_WINDOW = 60.0
@@ -220,9 +220,11 @@ class Classifier(object):
             events.append("HTTP now %s" % http_sig)
         st["http_prev"] = http_sig
         status_text = (snap.unit or {}).get("StatusText")
-        if st["status_prev"] is not None and status_text != st["status_prev"]:
+        # Only the launcher's news is progress, not its stacks' age ("| TP0-7 in f (x.py:1) for 40s").
+        news = status_news(status_text)
+        if st["status_prev"] is not None and news != st["status_prev"]:
             events.append("systemd status %r" % status_text)
-        st["status_prev"] = status_text
+        st["status_prev"] = news
         st["status_phase"] = status_phase(status_text)
 
         self._track_reads(t, proc.get("read_bytes"))

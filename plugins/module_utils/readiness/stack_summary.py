@@ -52,6 +52,7 @@ def summarize(entries, now, seconds=True):
     for entry in entries:
         state = entry.get("state") if entry.get("state") in STATE_WORDS else ""
         groups.setdefault((_where(entry), state), []).append(entry)
+
     def order(item):
         # The ranks first (they are what a hang is about), the bigger group first, then by rank.
         ranked = [m["rank"] for m in item[1] if m.get("rank") is not None]

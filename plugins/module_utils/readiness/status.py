@@ -72,9 +72,24 @@ def _with_where(text, verdict):
     when they could not be read, why (`... | no stacks: py-spy may not read process 42: ...`)."""
     where = getattr(verdict, "where", "")
     if where:
-        return (text + " | " + where)[:STATUS_CHARS]
+        return (text + WHERE_SEPARATOR + where)[:STATUS_CHARS]
     why = getattr(verdict, "stacks_unavailable", "")
-    return (text + " | no stacks: " + why)[:STATUS_CHARS] if why else text
+    return (text + WHERE_SEPARATOR + "no stacks: " + why)[:STATUS_CHARS] if why else text
+
+
+WHERE_SEPARATOR = " | "
+# What _with_where() appends: the ranks' stacks (`TP0-7 in f (x.py:1) for 40s; ...`) or why none.
+WHERE_PART = re.compile(r"^(?:no stacks: |[^|]* for \d)")
+
+
+def status_news(status_text):
+    """The part of a STATUS= text that changes only with the server's progress: without the ranks'
+    stacks that _with_where() appends, whose `for 40s` grows at every look of a silent phase (a
+    marker's own ` | `, as in a tqdm line, stays)."""
+    if status_text is None:
+        return None
+    head, sep, tail = status_text.rpartition(WHERE_SEPARATOR)
+    return head if sep and WHERE_PART.match(tail) else status_text
 
 
 def status_phase(status_text):
