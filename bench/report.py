@@ -118,7 +118,6 @@ def _pictures(results, out):
         timeline.render_png(timeline.prepare(runs[-1]), os.path.join(out, "timeline-real-vllm.png"),
                             "real vLLM CPU 0.32.0 (tiny model, torch.compile warm-up): the module's looks")
         made["real-vllm"] = "timeline-real-vllm.png"
-    lines += _stacks_section(results.get("stacks"))
     throughput = results.get("throughput") or {}
     if throughput.get("levels"):
         timeline.render_throughput(throughput["levels"], os.path.join(out, "throughput.png"),
@@ -206,6 +205,7 @@ def render(results, pictures):
                   "| %.3f | %.3f | %.3f s | %s s | %.2f %% | %.1f MiB |" % (
                       cost["cpu_s"], cost["children_cpu_s"], total / max(1, cost["polls"]), _num(per_hour, "%.0f"),
                       100.0 * total / cost["watched_s"] if cost["watched_s"] else 0.0, cost["peak_rss_mib"]), ""]
+    lines += _stacks_section(results.get("stacks"))
     throughput = results.get("throughput") or {}
     if throughput.get("levels"):
         lines += ["## Throughput of the simulated engine", "",
@@ -292,12 +292,12 @@ def _stacks_section(measured):
              "| %.3f s | %.1f ms | %.3f s | %.3f s |" % (cost.get("cpu_s_per_read", 0), cost.get("cpu_ms_per_process", 0),
                                                    cost.get("wall_s_per_read", 0), cost.get("wall_s_max", 0)), "",
              "A read happens only after a look that saw nothing move but CPU, so a loading or chatty start pays "
-             "nothing; at `stacks_interval: 0` and `poll_interval: 5` a silent TP-8 phase costs %.1f %% of a core." % (
+             "nothing; at `stacks_interval: 0` and `poll_interval: 5` a silent TP-8 phase costs %.1f %% of a core (`stacks_interval: 15`: a third of that)." % (
                  100.0 * cost.get("cpu_s_per_read", 0) / 5.0), "",
              "A busy-spinning hang (`--fault spin:initializing`, TP 4: three ranks spin inside one native call, "
              "the fourth parks), `stall_timeout: %s`, `poll_interval: %s`; seconds from the hang's start (the "
              "phase's first look) to the verdict:" % (measured["stall_timeout"], measured["poll_interval"]), "",
-             "| the module | verdict | after the hang began | bound (stall + 2 polls + a read) |", "|---|---|---|---|"]
+             "| the module | verdict | after the hang began | bound (stall + 3 polls) |", "|---|---|---|---|"]
     bound = measured["stall_timeout"] + 3 * measured["poll_interval"]
     for label in ("with stacks", "without stacks"):
         got = verdicts.get(label)

@@ -40,7 +40,8 @@ def progress_line(host, result, info):
     if read is not None:
         text = "read %s" % size(read)
         if expected:
-            text += " / %s (%d %%)" % (size(expected), int(100.0 * read / expected))
+            # Of the weights: readahead and imports can read more than the model; that is 100 %.
+            text += " / %s (%d %%)" % (size(expected), min(100, int(100.0 * read / expected)))
         if result.get("read_rate") is not None:
             text += " at %s/s" % size(result["read_rate"])
         parts.append(text)

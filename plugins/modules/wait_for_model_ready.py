@@ -289,15 +289,15 @@ stacks:
   description:
     - The Python stacks of the server's processes at the latest read, when it is recent (empty
       otherwise, and without py-spy) - per process its pid, name, rank (when its title tells),
-      state, the thread shown, C(same_for) (seconds its stack has not changed) and the innermost
-      frames, innermost first.
+      state, the thread shown, C(same_for) (seconds its stack has not changed at all),
+      C(in_function_for) (seconds in its innermost function) and the innermost frames, innermost first.
   returned: always
   type: list
   elements: dict
   sample: [{"pid": 4301, "name": "sglang::scheduler_TP0", "rank": 0, "state": "R", "thread": "MainThread",
-            "same_for": 40.0, "frames": [{"function": "repack_marlin_weights", "file": "marlin.py", "line": 211}]}]
+            "same_for": 2.0, "in_function_for": 40.0, "frames": [{"function": "repack_marlin_weights", "file": "marlin.py", "line": 211}]}]
 where:
-  description: Those stacks in one line, identical processes grouped (empty without them).
+  description: The ranks' stacks in one line, ranks in the same function grouped (empty without them).
   returned: always
   type: str
   sample: "TP0-6 in all_reduce (parallel_state.py:512) for 10m00s; TP7 state T (stopped) in load_weights (loader.py:449)

@@ -148,3 +148,15 @@ def test_stacks_interval_spaces_the_reads_and_bounds_the_verdict(interval, bound
     reads = [t for t, _v, due in seen if due]
     assert all(b - a >= max(interval, 5) for a, b in zip(reads, reads[1:]))
     assert seen[-1][1].phase == "stalled" and seen[-1][0] <= bound
+
+
+def test_a_read_that_misses_a_live_process_keeps_what_the_last_one_saw():
+    cfg = config(engine="sglang", stall_timeout=60, poll_interval=5)
+    ranks = Ranks("spin", INIT)
+    classifier = Classifier(cfg)
+    for t in range(0, 40, 5):
+        snap = ranks.look(t, classifier.stacks_due(t))
+        if snap.stacks and t == 25:
+            snap.stacks["processes"] = [p for p in snap.stacks["processes"] if p["pid"] != RANKS[1]]  # a timed-out read
+        verdict = classifier.observe(snap)
+    assert verdict.where.startswith("TP0-1 in all_reduce (parallel_state.py:512) for 25s")

@@ -275,6 +275,10 @@ class Classifier(object):
             entry = {"name": proc.get("name"), "rank": proc.get("rank"), "state": proc.get("state"),
                      "thread": proc.get("thread"), "frames": proc.get("frames") or [], "sig": proc.get("signature"),
                      "faults": faults, "pid": proc["pid"]}
+            function = entry["frames"][0][:2] if entry["frames"] else None
+            # How long it has been in its innermost function: what `for 40s` says in the summary.
+            entry["in_since"] = prev["in_since"] if prev is not None and prev.get("function") == function else t
+            entry["function"] = function
             if prev is None or prev["sig"] != entry["sig"]:
                 entry.update(since=t, still_since=t, faults0=faults, still=False)
             elif faults - prev["faults0"] >= self.config.fault_threshold:
@@ -283,6 +287,12 @@ class Classifier(object):
             else:
                 entry.update(since=prev["since"], still_since=prev["still_since"], faults0=prev["faults0"], still=True)
             seen[key] = entry
+        # A live process whose read failed this time (py-spy timed out, the read raced a change)
+        # keeps what the last read saw: a missed read is not a moved stack.
+        alive = set(str(pid) for pid in (snap.process or {}).get("pids") or [])
+        for key, prev in st["stacks"].items():
+            if key not in seen and key in alive:
+                seen[key] = prev
         st["stacks"] = seen
 
     def _moved(self):
@@ -661,9 +671,10 @@ class Classifier(object):
         entries = self._recent_stacks(t)
         verdict.stacks = [{"pid": e["pid"], "name": e["name"], "rank": e["rank"], "state": e["state"],
                            "thread": e["thread"], "same_for": round(st["stacks_t"] - e["since"], 1),
+                           "in_function_for": round(st["stacks_t"] - e["in_since"], 1),
                            "frames": [{"function": f[0], "file": f[1], "line": f[2]} for f in e["frames"]]}
                           for e in sorted(entries, key=lambda e: e["pid"])]
-        verdict.where = summarize(entries, st["stacks_t"], seconds=False) if entries else ""
+        verdict.where = summarize(entries, st["stacks_t"], seconds=False, short=True) if entries else ""
         verdict.stacks_unavailable = st["stacks_unavailable"] or ""
         if verdict.phase == FAILED and entries and "; the ranks' stacks: " not in verdict.msg:
             verdict.msg += self._where_note(t)

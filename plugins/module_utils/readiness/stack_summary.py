@@ -1,9 +1,11 @@
 """The ranks' stacks in words: `TP0-6 in all_reduce (parallel.py:211) for 600 s; TP7 state T
 (stopped) in load_weights (loader.py:449) for 600 s - the odd one out`.
 
-Processes whose innermost frame and state are the same are one group: in a hung collective the
-ranks that wait look alike, and the rank that is elsewhere is the likely cause, so it is named.
-The ranks come first; the API process, the engine core and the like after them.
+Processes in the same innermost function (of the same file) and state are one group: in a hung
+collective the ranks that wait look alike, and the rank that is elsewhere is the likely cause, so
+it is named. A group shows its members' most common line, and how long they have been in that
+function (`since`: a loop's lines change, its function does not). The ranks come first; the API
+process, the engine core and the like after them (left out of the short form when ranks are known).
 """
 from ..common.formatting import duration
 
@@ -26,12 +28,18 @@ def _ranges(numbers):
     return ",".join(parts)
 
 
-def _where(entry):
+def _function(entry):
     frames = entry.get("frames") or []
-    if not frames:
-        return "no Python frame"
-    function, filename, line = frames[0]
-    return "in %s (%s:%d)" % (function, filename, line)
+    return (frames[0][0], frames[0][1]) if frames else None
+
+
+def _where(members):
+    function = _function(members[0])
+    if function is None:
+        return "in no Python frame"
+    lines = [m["frames"][0][2] for m in members]
+    line = max(sorted(set(lines)), key=lines.count)
+    return "in %s (%s:%d)" % (function[0], function[1], line)
 
 
 def _label(members):
@@ -43,15 +51,18 @@ def _label(members):
     return ", ".join(parts)
 
 
-def summarize(entries, now, seconds=True):
-    """One line about where each group of processes is and for how long (`now` - the time its
-    stack was first seen unchanged). seconds=False writes `40s`/`6m12s` for status lines."""
+def summarize(entries, now, seconds=True, short=False):
+    """One line about where each group of processes is and for how long (`now` - when it entered
+    that function). seconds=False writes `40s`/`6m12s`; short: the ranks alone, when there are any
+    (status and progress lines)."""
+    if short and any(e.get("rank") is not None for e in entries):
+        entries = [e for e in entries if e.get("rank") is not None]
     if not entries:
         return ""
     groups = {}
     for entry in entries:
         state = entry.get("state") if entry.get("state") in STATE_WORDS else ""
-        groups.setdefault((_where(entry), state), []).append(entry)
+        groups.setdefault((_function(entry), state), []).append(entry)
 
     def order(item):
         # The ranks first (they are what a hang is about), the bigger group first, then by rank.
@@ -62,12 +73,12 @@ def summarize(entries, now, seconds=True):
     ranks_total = sum(1 for e in entries if e.get("rank") is not None)
     ranked_groups = [members for _key, members in ordered if any(m.get("rank") is not None for m in members)]
     texts = []
-    for (where, state), members in ordered[:MAX_GROUPS]:
-        same_for = max(0.0, now - max(m["since"] for m in members))
+    for (_function_key, state), members in ordered[:MAX_GROUPS]:
+        same_for = max(0.0, now - max(m.get("in_since", m["since"]) for m in members))
         text = _label(members)
         if state:
             text += " state %s (%s)" % (state, STATE_WORDS[state])
-        text += " " + where
+        text += " " + _where(members)
         text += " for %s" % ("%d s" % round(same_for) if seconds else duration(same_for))
         if (ranks_total >= 3 and len(ranked_groups) == 2 and len(members) == 1 and members[0].get("rank") is not None):
             text += " - the odd one out"
