@@ -19,6 +19,8 @@ FIRST = [
     "test_molecule_scenarios.py::TestNotify",    # ~4 min
     "test_inference_env.py",                     # ~4 min
     "test_module_sim.py",                        # ~3 min
+    "test_collection_install.py",                # ~2-3 min: a guest deployed by FQCN from the tarball
+    "test_stacks_sim.py",                        # ~2-3 min, busy: ranks spinning in native calls
 ]
 
 

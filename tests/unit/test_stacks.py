@@ -157,3 +157,8 @@ def test_one_py_spy_release_everywhere():
     assert spec["inference_env_py_spy_version"]["default"] == stacks.PY_SPY_VERSION
     with open(os.path.join(root, "tools", "vllm_cpu.py")) as handle:
         assert '"%s"' % pin in handle.read()
+
+
+def test_a_group_first_seen_at_this_read_gets_no_duration():
+    assert summarize([entry(5, 0, "poll", 106, state="T", since=62.0)], 62.0) == \
+        "TP0 state T (stopped) in poll (loader.py:106)"

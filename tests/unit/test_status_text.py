@@ -101,6 +101,7 @@ def test_a_long_terminal_message_is_cut_to_one_short_line():
     ("initializing: Load weight end (since 12s) | TP0-6 in all_reduce (p.py:5) for 1m40s; TP7 state T (stopped) in "
      "load_weights (l.py:9) for 1m40s - the odd one out", "initializing: Load weight end (since 12s)"),
     ("starting the engine | no stacks: py-spy may not read process 42: Permission denied", "starting the engine"),
+    ("loading 12% (8/64 shards) | TP0-7 in load_weights (modelwake_sim/ranks.py:272)", "loading 12% (8/64 shards)"),
     ("initializing: Loading safetensors checkpoint shards: 100% Completed | 8/8 (since 3s)",
      "initializing: Loading safetensors checkpoint shards: 100% Completed | 8/8 (since 3s)"),
     ("loading 45% (29/64 shards, 575 MiB/s, ETA 6m02s)", "loading 45% (29/64 shards, 575 MiB/s, ETA 6m02s)"),

@@ -79,7 +79,8 @@ def summarize(entries, now, seconds=True, short=False):
         if state:
             text += " state %s (%s)" % (state, STATE_WORDS[state])
         text += " " + _where(members)
-        text += " for %s" % ("%d s" % round(same_for) if seconds else duration(same_for))
+        if same_for >= 1:  # a group first seen at this read: how long it has been there is not known
+            text += " for %s" % ("%d s" % round(same_for) if seconds else duration(same_for))
         if (ranks_total >= 3 and len(ranked_groups) == 2 and len(members) == 1 and members[0].get("rank") is not None):
             text += " - the odd one out"
         texts.append(text)

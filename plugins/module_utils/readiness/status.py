@@ -79,7 +79,7 @@ def _with_where(text, verdict):
 
 WHERE_SEPARATOR = " | "
 # What _with_where() appends: the ranks' stacks (`TP0-7 in f (x.py:1) for 40s; ...`) or why none.
-WHERE_PART = re.compile(r"^(?:no stacks: |[^|]* for \d)")
+WHERE_PART = re.compile(r"^(?:no stacks: |[^|]* in (?:no Python frame|\S+ \([^()|]*:\d+\)))")
 
 
 def status_news(status_text):
