@@ -195,6 +195,22 @@ def test_a_hang_exits_after_the_stall_budget_with_the_evidence(launch):
     assert run.survivors() == []
 
 
+def test_ranks_spinning_in_a_collective_are_stalled_with_their_frames(launch):
+    """The hang that looks like work, under the launcher: TP0 spins in one native call (a core busy),
+    TP1 parks. The launcher reads their stacks with the py-spy beside the engine's interpreter."""
+    run = launch(sim_args=["--fault", "spin:initializing", "--disable-cuda-graph"])
+    code = run.wait(90)
+    err = run.stderr()
+    assert code == EXIT_STALLED, err
+    assert re.search(r"stalled: no progress for \d+ s in phase initializing", err), err
+    assert "goes to frames that have not moved, nor touched new memory" in err, err
+    assert "the ranks' stacks: TP0 in all_reduce (modelwake_sim/ranks.py:" in err, err
+    statuses = [value for _t, value in run.listener.fields("STATUS")]
+    assert any(re.match(r"initializing.* \| TP0 in all_reduce \(modelwake_sim/ranks\.py:\d+\)", text)
+               for text in statuses), statuses
+    assert run.survivors() == []  # the spinning rank too
+
+
 def test_a_crash_exits_non_zero_with_the_root_cause(launch):
     run = launch(sim_args=["--fault", "crash1:loading", "--fault-after", "0.5"])
     code = run.wait(60)

@@ -120,6 +120,29 @@ def test_real_cold_start_imports_are_starting_and_phases_never_go_backwards():
     assert any("read_bytes" in v.last_progress["what"] for v in busy_imports)
 
 
+def test_real_start_with_its_ranks_stacks_shows_what_each_process_does():
+    # Recorded by the module (py-spy 0.4.1 from the vLLM venv, poll 2 s) watching a real vLLM CPU
+    # start with empty compile caches: during the long silent compilation the Worker's stack stands
+    # in subprocess.communicate, waiting for inductor's g++ children. That is work (the children's
+    # CPU and the changing process tree), so a stall_timeout far below the silence never fires.
+    verdicts = run(None, module_recorded("vllm-start-stacks.jsonl"), engine="vllm", pid=6054,
+                   log_path="/var/log/vllm.log", poll_interval=2, stall_timeout=15, timeout=600)
+    final = verdicts[-1][1]
+    assert final.phase == "ready"
+    starting = [v for _t, v in verdicts if v.phase == "starting" and v.stacks]
+    initializing = [v for _t, v in verdicts if v.phase == "initializing" and v.stacks]
+    assert starting and initializing
+    # The API server, the engine core and the worker, each with its frames.
+    names = set(s["name"] for v in initializing for s in v.stacks)
+    assert {"python", "VLLM::EngineCore", "VLLM::Worker"} <= names
+    compiling = [v for v in initializing for s in v.stacks if s["name"] == "VLLM::Worker"
+                 and [f["function"] for f in s["frames"]] == ["communicate", "run", "_run_compile_cmd"]]
+    assert compiling, [v.where for v in initializing]
+    assert "VLLM::Worker (pid 8685) in communicate (subprocess.py:1196)" in compiling[-1].where
+    longest = max(s["in_function_for"] for v in initializing for s in v.stacks if s["name"] == "VLLM::Worker")
+    assert longest > 15  # in one function longer than stall_timeout, and not stalled
+
+
 def test_real_truncated_shard_fails_with_the_safetensor_error_first():
     t_end, final = run("truncated-shard")[-1]
     assert final.phase == "failed" and t_end <= 25

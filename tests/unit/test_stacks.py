@@ -60,7 +60,9 @@ def test_the_rank_comes_from_the_title(names, rank):
 
 def test_the_title_is_the_name_when_the_process_set_one():
     assert stacks.process_name({"cmdline": "sglang::scheduler_TP0", "comm": "sglang::schedul"}) == "sglang::scheduler_TP0"
-    assert stacks.process_name({"cmdline": "/opt/v/bin/python -m sglang.launch_server", "comm": "python3"}) == "python3"
+    assert stacks.process_name({"cmdline": "/opt/v/bin/python -m vllm.entrypoints.openai.api_server --port 1",
+                                "comm": "python3"}) == "api_server"
+    assert stacks.process_name({"cmdline": "/usr/bin/python3 /opt/x/serve.py", "comm": "python3"}) == "python3"
 
 
 def executable(path):

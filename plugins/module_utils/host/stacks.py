@@ -41,10 +41,13 @@ def rank_of(*names):
 
 
 def process_name(info):
-    """A process title when it set one (`sglang::scheduler_TP0`), else its comm."""
+    """A process title when it set one (`sglang::scheduler_TP0`), the module a `python -m` runs
+    (`api_server` for vLLM's `-m vllm.entrypoints.openai.api_server`), else its comm."""
     words = (info.get("cmdline") or "").split()
     if words and "::" in words[0]:
         return words[0]
+    if len(words) > 2 and words[1] == "-m":
+        return words[2].rsplit(".", 1)[-1]
     return info.get("comm") or "?"
 
 
