@@ -52,7 +52,9 @@ def stalled_ranks(run, extra=0):
     return run.result
 
 
-@pytest.mark.parametrize("engine, phase, tp", [("sglang", "loading", 3), ("vllm", "initializing", 2)])
+# vLLM's shape and the initializing phase: the real vLLM's stopped worker (test_vllm_deploy.py) and
+# the spin under the launcher (test_launcher.py); each spinning rank costs a core, so one case here.
+@pytest.mark.parametrize("engine, phase, tp", [("sglang", "loading", 3)])
 def test_ranks_spinning_in_a_collective_are_stalled_and_the_odd_one_named(sims, model, engine, phase, tp):
     sim = sims.start(engine, model, "--tp", str(tp), "--disable-cuda-graph", "--fault", "spin:%s" % phase,
                      "--fault-after", "0.5")
@@ -86,16 +88,16 @@ def test_a_rank_spinning_after_ready_is_stalled_not_timed_out(sims, model):
 
 def test_silent_repack_from_one_call_site_on_fresh_memory_is_progress(sims, model, tmp_path):
     progress = str(tmp_path / "progress.jsonl")
-    # 24 s of repack, layers of ~2.5 s: three stall timeouts of frames that do not change.
-    sim = sims.start("sglang", model, "--repack-seconds", "24", "--disable-cuda-graph")
+    # 18 s of repack, layers of ~2.5 s: twice stall_timeout of frames that do not change.
+    sim = sims.start("sglang", model, "--repack-seconds", "18", "--disable-cuda-graph")
     run = attached(sim, **wait(sim, "sglang", progress_path=progress))
     assert run.rc == 0 and run.result["phase"] == "ready", run
     phases = dict((p["phase"], p["duration"]) for p in run.result["phases"])
-    assert phases["initializing"] >= 20, run.result["phases"]
+    assert phases["initializing"] >= 16, run.result["phases"]
     with open(progress) as handle:
         looks = [json.loads(line) for line in handle]
     read = [look for look in looks if look["snapshot"]["stacks"]]
-    assert len(read) >= 8  # read at the silent looks of the repack
+    assert len(read) >= 6  # read at the silent looks of the repack
     during = [look["verdict"]["where"] for look in looks if "repack_marlin_weights" in look["verdict"]["where"]]
     assert any(w.startswith("TP0 in repack_marlin_weights (modelwake_sim/ranks.py:") for w in during), during[-3:]
     # The frames stood still for more than stall_timeout: their page faults kept it progress.

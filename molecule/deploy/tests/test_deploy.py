@@ -59,8 +59,9 @@ def test_completion_needs_the_key_and_answers_with_it(host):
 def test_every_engine_process_lives_in_the_unit_cgroup(host):
     # KillMode=control-group stops what is in the cgroup: the API process, all 8 TP ranks (and the
     # launcher, when the unit runs under it) must be there.
-    engine = host.check_output("pgrep -u modelwake -f '^/opt/modelwake/venv/bin/python -m modelwake_sim serve'").split()
-    assert len(engine) == 9
+    api = host.check_output("pgrep -u modelwake -f '^/opt/modelwake/venv/bin/python -m modelwake_sim serve'").split()
+    ranks = host.check_output("pgrep -u modelwake -f '^sglang::scheduler_TP[0-7]'").split()  # titled like SGLang's
+    assert len(api) == 1 and len(ranks) == 8
     for pid in host.check_output("pgrep -u modelwake").split():
         assert "/system.slice/%s.service" % UNIT in host.file("/proc/%s/cgroup" % pid).content_string
 
