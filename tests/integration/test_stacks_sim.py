@@ -88,12 +88,15 @@ def test_a_rank_spinning_after_ready_is_stalled_not_timed_out(sims, model):
 
 def test_silent_repack_from_one_call_site_on_fresh_memory_is_progress(sims, model, tmp_path):
     progress = str(tmp_path / "progress.jsonl")
-    # 18 s of repack, layers of ~2.5 s: twice stall_timeout of frames that do not change.
-    sim = sims.start("sglang", model, "--repack-seconds", "18", "--disable-cuda-graph")
-    run = attached(sim, **wait(sim, "sglang", progress_path=progress))
+    # 24 s of repack, layers of ~2 s (calibrated at the start: on a machine that gets busier, a
+    # layer can take several times that), stall_timeout 12: twice stall_timeout of frames that do
+    # not change, and still a margin for a layer's new memory to show within it.
+    sim = sims.start("sglang", model, "--repack-seconds", "24", "--repack-layer-seconds", "2",
+                     "--disable-cuda-graph")
+    run = attached(sim, **wait(sim, "sglang", progress_path=progress, stall_timeout=12))
     assert run.rc == 0 and run.result["phase"] == "ready", run
     phases = dict((p["phase"], p["duration"]) for p in run.result["phases"])
-    assert phases["initializing"] >= 16, run.result["phases"]
+    assert phases["initializing"] >= 20, run.result["phases"]
     with open(progress) as handle:
         looks = [json.loads(line) for line in handle]
     read = [look for look in looks if look["snapshot"]["stacks"]]
@@ -101,8 +104,8 @@ def test_silent_repack_from_one_call_site_on_fresh_memory_is_progress(sims, mode
     during = [look["verdict"]["where"] for look in looks if "repack_marlin_weights" in look["verdict"]["where"]]
     assert any(w.startswith("TP0 in repack_marlin_weights (modelwake_sim/ranks.py:") for w in during), during[-3:]
     # The frames stood still for more than stall_timeout: their page faults kept it progress.
-    longest = max(s["same_for"] for look in read for s in look["verdict"]["stacks"] if s["rank"] == 0)
-    assert longest > STALL, longest
+    longest = max(s["in_function_for"] for look in read for s in look["verdict"]["stacks"] if s["rank"] == 0)
+    assert longest > 12, longest
 
 
 def test_without_py_spy_everything_works_and_the_result_says_why_once(sims, model):
