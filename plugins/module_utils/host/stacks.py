@@ -62,18 +62,22 @@ def interpreter_dirs(processes):
     return dirs
 
 
+def _executable(path):
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
 def find_py_spy(option, processes):
     """(path, None) or (None, why there is none)."""
     if option == "off":
         return None, "stacks are off (py_spy: off)"
     if option and option != "auto":
-        if os.path.isfile(option) and os.access(option, os.X_OK):
+        if _executable(option):
             return option, None
         return None, "py_spy %s is not an executable file" % option
     looked = interpreter_dirs(processes)
     for directory in looked:
         candidate = os.path.join(directory, "py-spy")
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+        if _executable(candidate):
             return candidate, None
     on_path = shutil.which("py-spy")
     if on_path:
