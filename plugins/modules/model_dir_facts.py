@@ -9,12 +9,15 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 ---
 module: model_dir_facts
-short_description: Check that a model directory is complete and measure the disk's read rate
+short_description: Check that a model directory is whole and measure the disk's read rate
 description:
-  - Checks that the directory exists and has C(config.json), that every shard named in
-    C(model.safetensors.index.json) is present with a plausible size (at least half of an even
-    share of the index's C(total_size); without an index, every C(*.safetensors) is non-empty),
-    and sums the shards' sizes.
+  - Checks that the directory exists, that C(config.json) and C(model.safetensors.index.json)
+    parse, that every shard the index names (without an index, every C(*.safetensors)) is present,
+    and that each shard is whole - its header's length prefix and JSON are valid, every tensor's
+    C(data_offsets) match its dtype and shape and cover the data back to back up to the file's end,
+    the last MiB of its data is not all zeros (a preallocated, never written download), and it
+    holds every tensor the index maps to it - then sums the shards' sizes.
+  - Reads headers and at most 1 MiB of each shard's data, so a 548 GB model takes seconds.
   - Reads up to I(read_sample_mib) of the largest shard, after dropping its cached pages with
     C(posix_fadvise(DONTNEED)), to measure the disk's read rate and estimate the load time.
   - Never writes anything.
@@ -50,13 +53,13 @@ missing:
   returned: always
   type: list
   elements: str
-implausible:
-  description: Shards too small to be real ({name, size}).
+damaged:
+  description: Shards that are present but not whole, each with the reason ({name, reason}).
   returned: always
   type: list
   elements: dict
 problems:
-  description: Readable problems; empty when the directory is complete.
+  description: Readable problems, one per missing set or damaged shard (C(name: reason)); empty when the directory is whole.
   returned: always
   type: list
   elements: str

@@ -109,6 +109,15 @@ class GuestHost(object):
                        "except urllib.error.HTTPError as e: print(e.code)\n"
                        "except Exception: print('000')\"" % port)
 
+    def completion(self, port, prompt="2+2="):
+        """The text of a completion the server on the guest answers (raises when it does not answer)."""
+        return self.sh("python3 -c \"import json, urllib.request\n"
+                       "request = urllib.request.Request('http://127.0.0.1:%d/v1/completions', method='POST',"
+                       " data=json.dumps({'prompt': %r, 'max_tokens': 4}).encode(),"
+                       " headers={'Content-Type': 'application/json'})\n"
+                       "print(json.load(urllib.request.urlopen(request, timeout=30))['choices'][0]['text'])\"" % (
+                           port, prompt))
+
     def env(self):
         return dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                     ANSIBLE_FORCE_COLOR="0")

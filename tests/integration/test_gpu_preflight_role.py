@@ -10,7 +10,9 @@ import os
 import subprocess
 import sys
 
+import numpy
 import pytest
+from safetensors.numpy import save_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
@@ -61,8 +63,8 @@ def model(tmp_path):
     names = ["model-%05d-of-00004.safetensors" % (i + 1) for i in range(4)]
     (path / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {"total_size": 4 * 8 * MIB}, "weight_map": dict(("w%d" % i, n) for i, n in enumerate(names))}))
-    for name in names:
-        (path / name).write_bytes(os.urandom(8 * MIB + 128))
+    for i, name in enumerate(names):
+        save_file({"w%d" % i: numpy.frombuffer(os.urandom(8 * MIB), dtype=numpy.uint8)}, str(path / name))
     return path
 
 

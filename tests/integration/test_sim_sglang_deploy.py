@@ -2,6 +2,7 @@
 protocol: deployed by deploy-k26.yml (inventories/vllm-cpu, catalog entry `sim-sglang`) onto its own
 systemd test host, so that both engines' semantics stay covered and this file runs beside the real one.
 
+  damaged copy               refused by the preflight naming each shard; the ready unit untouched
   crash exit 0 after ready   the unit comes back by itself, the launcher names the exit
   hang while loading         stalled after stall_timeout
   truncated shard            failed, SafetensorError in the evidence
@@ -13,6 +14,7 @@ written by the toolkit: the tests break copies. The guest is destroyed afterward
 """
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -64,6 +66,47 @@ def sim(tmp_path_factory):
 
 def sim_deploy(**extra):
     return VM.deploy(dict(SIM, **extra))
+
+
+# Damage that the shards' sizes alone do not show, and the plain truncation: one shard of one copy
+# each, so that one deploy proves all three (the preflight names every damaged shard).
+DAMAGES = {
+    "model-00003-of-00008.safetensors": ("truncate -s -4096 {f}", "-lt", "truncated"),
+    # Garbage over the header's JSON, in place: same size.
+    "model-00005-of-00008.safetensors": ("printf 'garbage!' | dd of={f} bs=1 seek=24 conv=notrunc status=none",
+                                         "-eq", "its header is not valid JSON"),
+    # A downloader that preallocated the file and was killed after the header: the data all zeros.
+    "model-00007-of-00008.safetensors": (
+        "python3 -c \"import os, struct\nf = open('{f}', 'r+b'); size = os.fstat(f.fileno()).st_size\n"
+        "start = 8 + struct.unpack('<Q', f.read(8))[0]; f.truncate(start); os.posix_fallocate(f.fileno(), 0, size)\"",
+        "-eq", "all zeros: allocated and never written"),
+}
+
+
+def test_damaged_copy_is_refused_before_any_change(sim):
+    before = VM.unit_state(UNIT)
+    assert before["ActiveState"] == "active", before
+    broken = MODEL + "-damaged"
+    VM.sh("rm -rf {b} && cp -a {m} {b}".format(m=MODEL, b=broken))
+    for shard, (command, size_test, _) in DAMAGES.items():
+        path = "%s/%s" % (broken, shard)
+        VM.sh("size=$(stat -c %%s %s) && %s && test $(stat -c %%s %s) %s $size" % (
+            path, command.format(f=path), path, size_test))
+    with timed("damaged copy -> refused by the preflight"):
+        rc, out = sim_deploy(model_service_model_path=broken, gpu_preflight_model_path=broken,
+                             inference_env_model_path=broken)
+    VM.sh("rm -rf %s" % broken)
+    flat = " ".join(out.split())
+    assert rc == 2 and "%s is not whole, nothing was changed: " % broken in flat, flat[-4000:]
+    for shard, (_, _, reason) in DAMAGES.items():
+        named = re.search(r"%s: [^;]*" % re.escape(shard), flat)
+        assert named and reason in named.group(0), flat[-4000:]
+        VERDICTS["damaged copy, " + reason] = named.group(0)[:160]
+    assert "changed: [%s]" % HOST not in out and "TASK [inference_env" not in out, flat[-4000:]
+    # The working service was never touched: the same process, still answering.
+    after = VM.unit_state(UNIT)
+    assert (after["MainPID"], after["InvocationID"]) == (before["MainPID"], before["InvocationID"]), after
+    assert VM.completion(PORT) != ""
 
 
 def test_crash_exit_0_after_ready_restarts_by_itself(sim):

@@ -1,17 +1,15 @@
-"""The GPU preflight's logic: holders, their units, the plan, the model directory, the read rate.
+"""The GPU preflight's logic: holders, their units, the plan, the read rate (the model directory: test_model_dir.py).
 
 GPUs come from the faked pynvml (tests/fakes/pynvml.py); /proc is a directory tree written by
 the test, so PIDs, users and cgroups are exactly the ones described here. No sleeping: the read
 rate is measured with an injected clock.
 """
 import importlib.util
-import json
 import os
 
 import pytest
 
 from ansible_collections.modelwake.serving.plugins.module_utils.preflight import holders, modeldir
-from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import InputError
 from ansible_collections.modelwake.serving.plugins.module_utils.host.gpu import GpuReader
 
 FAKES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fakes")
@@ -144,49 +142,6 @@ def test_survey_without_gpus(tmp_path):
     result = holders.survey(reader=GpuReader(nvml=NoNvml(), runner=no_smi), proc_root=str(tmp_path))
     assert result["gpus"] == [] and result["backend"] == "none"
     assert "NVML Shared Library Not Found" in result["backend_error"]
-
-
-def make_model(path, shards=4, shard_bytes=MIB, total=None, skip=(), short=()):
-    os.makedirs(path)
-    names = ["model-%05d-of-%05d.safetensors" % (i + 1, shards) for i in range(shards)]
-    with open(os.path.join(path, "config.json"), "w") as handle:
-        handle.write("{}")
-    index = {"metadata": {"total_size": total if total is not None else shards * shard_bytes},
-             "weight_map": dict(("layer.%d" % i, name) for i, name in enumerate(names))}
-    with open(os.path.join(path, "model.safetensors.index.json"), "w") as handle:
-        json.dump(index, handle)
-    for i, name in enumerate(names):
-        if i in skip:
-            continue
-        with open(os.path.join(path, name), "wb") as handle:
-            handle.write(b"x" * (100 if i in short else shard_bytes + 64))
-    return names
-
-
-def test_inspect_complete_model(tmp_path):
-    make_model(str(tmp_path / "m"))
-    found = modeldir.inspect(str(tmp_path / "m"))
-    assert found["shard_count"] == 4 and found["total_bytes"] == 4 * (MIB + 64)
-    assert modeldir.problems(found) == []
-
-
-def test_inspect_names_missing_and_truncated_shards(tmp_path):
-    names = make_model(str(tmp_path / "m"), skip=[1], short=[3])
-    problems = modeldir.problems(modeldir.inspect(str(tmp_path / "m")))
-    assert problems[0] == "1 of 4 shards named in the index are missing: %s" % names[1]
-    assert problems[1] == "%s is only 100 bytes: truncated or a placeholder" % names[3]
-
-
-@pytest.mark.parametrize("setup,message", [
-    (lambda p: None, "is not a directory"),
-    (lambda p: os.makedirs(p), "has no config.json"),
-])
-def test_inspect_bad_directory(tmp_path, setup, message):
-    path = str(tmp_path / "m")
-    setup(path)
-    with pytest.raises(InputError) as err:
-        modeldir.inspect(path)
-    assert err.value.field == "model_path" and message in str(err.value)
 
 
 def test_read_rate_with_an_injected_clock(tmp_path):
