@@ -1,7 +1,8 @@
 """The inventories deploy-k26.yml runs with: read by ansible-inventory itself, never contacted.
 
 Production must only name documentation addresses (RFC 5737 / RFC 3849), every catalog entry must
-carry the keys playbooks/vars/catalog-entry.yml maps, and every host's model must be in the catalog.
+pass the catalog's spec (the lookup catalog_entry_problems), and every host's model must be in the
+catalog. A misspelt key is refused by deploy-k26.yml before any task reaches a host.
 """
 import ipaddress
 import json
@@ -10,11 +11,13 @@ import subprocess
 
 import pytest
 
+from ansible_collections.modelwake.serving.plugins.lookup.catalog_entry_problems import entry_problems
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INVENTORY = os.path.join(ROOT, ".venv", "bin", "ansible-inventory")
 DOC_NETS = [ipaddress.ip_network("192.0.2.0/24"), ipaddress.ip_network("198.51.100.0/24"),
             ipaddress.ip_network("203.0.113.0/24"), ipaddress.ip_network("2001:db8::/32")]
-REQUIRED = {"engine", "unit", "port", "model_path"}
+PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
 
 
 def inventory(name):
@@ -33,16 +36,15 @@ def test_production_addresses_are_documentation_only():
         assert any(address in net for net in DOC_NETS), "%s has a real address %s" % (name, address)
 
 
-@pytest.mark.parametrize("name", ["production", "demo"])
-def test_every_host_model_is_a_complete_catalog_entry(name):
+@pytest.mark.parametrize("name", ["production", "demo", "vllm-cpu"])
+def test_every_host_model_is_a_valid_catalog_entry(name):
     hosts = inventory(name)["_meta"]["hostvars"]
     for host, hostvars in hosts.items():
         if "modelwake_models" not in hostvars:
             continue
         catalog = hostvars["modelwake_models"]
         for key, entry in catalog.items():
-            assert REQUIRED <= set(entry), "%s: modelwake_models.%s lacks %s" % (name, key, REQUIRED - set(entry))
-            assert entry["engine"] in ("sglang", "vllm", "sim")
+            assert entry_problems(entry, key) == [], name
         for model in hostvars.get("modelwake_host_models", []) + [hostvars.get("modelwake_deploy_model")]:
             assert model in catalog, "%s: %s serves %s, which is not in the catalog" % (name, host, model)
 
@@ -62,3 +64,22 @@ def test_demo_deploys_the_simulated_k26_on_30001():
     assert (k26["engine"], k26["sim_protocol"], k26["unit"], k26["port"], k26["tp"]) == ("sim", "sglang", "sglang-k26",
                                                                                          30001, 8)
     assert hostvars["modelwake_demo_model_shards"] == 64
+
+
+def test_a_misspelt_catalog_key_is_refused_before_any_host_is_contacted(tmp_path):
+    # The host is a documentation address: any task that reached it would fail UNREACHABLE instead.
+    inventory_file = tmp_path / "hosts.json"
+    inventory_file.write_text(json.dumps({"all": {
+        "children": {"model_hosts": {"hosts": {"gpu-typo": {"ansible_host": "192.0.2.44"}}}},
+        "vars": {"modelwake_deploy_model": "k26", "modelwake_models": {"k26": {
+            "engine": "sglang", "engine_version": "0.5.9", "unit": "sglang-k26", "port": 30001,
+            "model_path": "/srv/models/k26", "stall_timout": 300}}}}}))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run([PLAYBOOK, "-i", str(inventory_file), os.path.join(ROOT, "deploy-k26.yml")], cwd=ROOT,
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+                          timeout=120)
+    flat = " ".join(proc.stdout.split())
+    assert proc.returncode == 2, flat
+    assert ("The catalog entry is refused, nothing was changed: modelwake_models.k26.stall_timout is not a "
+            "catalog key: did you mean stall_timeout?") in flat
+    assert "gpu-typo : ok=1 changed=0 unreachable=0 failed=1" in flat, flat
