@@ -2,7 +2,8 @@
 test's own datagram socket (what systemd would read): STATUS lines during the load,
 EXTEND_TIMEOUT_USEC while it progresses, READY=1 only once a completion works; a hang ends in
 EXIT_STALLED after the stall budget with its evidence, a crash in EXIT_FAILED with the root cause,
-an exit after ready (even with status 0) in EXIT_ENGINE_EXITED; SIGTERM leaves no process.
+an exit after ready (even with status 0) in EXIT_ENGINE_EXITED, an engine refusing its options in
+EXIT_USAGE (the unit does not restart it); SIGTERM leaves no process.
 Every process is started in its own session and killed by process group afterwards, whatever
 the outcome."""
 import json
@@ -18,7 +19,7 @@ import urllib.request
 import pytest
 
 from ansible_collections.modelwake.serving.plugins.module_utils.host import procfs
-from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch import EXIT_ENGINE_EXITED, EXIT_FAILED, EXIT_STALLED
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch import EXIT_ENGINE_EXITED, EXIT_FAILED, EXIT_STALLED, EXIT_USAGE
 
 import launcher_package
 from notify_listener import NotifyListener
@@ -220,6 +221,17 @@ def test_a_crash_exits_non_zero_with_the_root_cause(launch):
     assert first and "CUDA out of memory" in first.group(0), err
     assert re.search(r"\| .*OutOfMemoryError: CUDA out of memory", err), err
     assert run.listener.fields("READY") == []
+    assert run.survivors() == []
+
+
+def test_an_engine_refusing_its_options_ends_the_launcher_with_the_usage_status(launch):
+    # The unit's RestartPreventExitStatus=2 then stops systemd from restarting it forever.
+    run = launch(sim_args=["--no-such-option"])
+    code = run.wait(60)
+    err = run.stderr()
+    assert code == EXIT_USAGE, err
+    assert "unrecognized arguments: --no-such-option" in err
+    assert "the engine refused its options (exit status 2)" in err
     assert run.survivors() == []
 
 

@@ -143,7 +143,10 @@ def test_sglang_exec_start_is_exact(rendered):
         "ExecStart=%s/bin/python -m sglang.launch_server --model-path %s --tp 8 --host 127.0.0.1 --port 30001 "
         "--attention-backend triton --disable-cuda-graph --trust-remote-code" % (VENV, rendered["k26"]))
     assert directive(unit, "Conflicts") == ["sglang-k26-ddtree.service"]
-    assert directive(unit, "Environment")[-1] == "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7"
+    assert directive(unit, "Environment")[-2:] == ["CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7"]
+    assert "nvidia-persistenced.service nvidia-fabricmanager.service" in directive(unit, "After")
+    assert directive(unit, "SyslogIdentifier") == ["sglang-k26"]
+    assert not [line for line in directive(unit, "Environment") if line.startswith("VLLM_")]
 
 
 def test_sglang_api_key_goes_through_a_config_file(rendered):
@@ -166,6 +169,11 @@ def test_vllm_exec_start_and_env_file(rendered):
     assert 'NCCL_DEBUG="INFO"' in env.splitlines()
     assert stat.S_IMODE(os.stat(env_path).st_mode) == 0o600
     assert directive(unit, "EnvironmentFile") == [env_path]
+    # vLLM's engine-core deadline is the whole ready_timeout (the role's default, 3600 s).
+    assert "VLLM_ENGINE_READY_TIMEOUT_S=3600" in directive(unit, "Environment")
+    # No GPUs listed: no CUDA variables, no ordering after the driver's services.
+    assert not [line for line in directive(unit, "Environment") if line.startswith("CUDA_")]
+    assert directive(unit, "After") == ["network-online.target"]
 
 
 def test_sim_exec_start_and_key_in_env(rendered):
@@ -246,7 +254,8 @@ def test_no_secret_in_units_or_output(rendered):
 
 def test_hardening_and_restart_policy(rendered):
     unit = read(rendered, "sglang", "unit.service")
-    for line in ("KillMode=control-group", "Restart=always", "RestartSec=10", "NoNewPrivileges=true",
+    for line in ("KillMode=control-group", "Restart=always", "RestartSec=10", "RestartPreventExitStatus=2",
+                 "NoNewPrivileges=true",
                  "ProtectSystem=strict", "PrivateTmp=true", "User=modelwake", "Group=root", "Type=simple",
                  "CacheDirectory=modelwake/sglang-k26", "StartLimitBurst=5"):
         assert line in unit.splitlines(), line

@@ -288,6 +288,10 @@ class Engine(object):
             return "killed by signal %d (%s)" % (os.WTERMSIG(self.status), signal.Signals(os.WTERMSIG(self.status)).name)
         return "exit status %d" % os.WEXITSTATUS(self.status)
 
+    def refused_its_options(self):
+        """Did the engine exit by itself with argparse's usage status (bad options)?"""
+        return self.status is not None and os.WIFEXITED(self.status) and os.WEXITSTATUS(self.status) == EXIT_USAGE
+
     def remember_tree(self):
         for pid, info in procfs.tree([self.pid]).items():
             self.seen[pid] = info["starttime"]
@@ -522,10 +526,15 @@ class Launcher(object):
         for line in result.get("evidence") or []:
             self.log("  | " + line)
         grace = min(self.options.stop_timeout, 10)
+        code = VERDICT_EXIT.get(result["phase"], EXIT_FAILED)
+        if engine.exited.is_set() and engine.refused_its_options():
+            # Restarting cannot help: the unit's RestartPreventExitStatus= stops the loop on this code.
+            code = EXIT_USAGE
+            self.log("the engine refused its options (exit status %d): fix the command line, a restart "
+                     "would fail the same way" % EXIT_USAGE)
         if not engine.exited.is_set():
             self.log("stopping the engine's process group %d" % engine.pid)
         engine.stop(grace)
-        code = VERDICT_EXIT.get(result["phase"], EXIT_FAILED)
         self.log("engine %s; exiting %d so that Restart= applies" % (engine.describe_exit(), code))
         return code
 
