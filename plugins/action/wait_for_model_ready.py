@@ -77,6 +77,17 @@ def progress_interval(value):
     return interval
 
 
+def with_phase(reply):
+    """The module's reply, with the phase and elapsed its RETURN docs promise on every failure.
+
+    The module sets them itself; a failure before its code runs (AnsibleModule refusing an option's
+    type, no Python on the host) has neither: it failed at once.
+    """
+    if reply.get("failed") and "phase" not in reply:
+        reply = dict(reply, phase="failed", elapsed=0)
+    return reply
+
+
 class ActionModule(ActionBase):
 
     _supports_check_mode = True  # the module only observes: check mode runs it as usual
@@ -90,7 +101,7 @@ class ActionModule(ActionBase):
         wrap_async = self._task.async_val and not self._connection.has_native_async
         if self._task.async_val or not interval:
             # One call, as without this plugin: async_status polls a background wait.
-            result = merge_hash(result, self._execute_module(task_vars=task_vars, wrap_async=wrap_async))
+            result = merge_hash(result, with_phase(self._execute_module(task_vars=task_vars, wrap_async=wrap_async)))
             if not wrap_async:
                 self._remove_tmp_path(self._connection._shell.tmpdir)
             return result
@@ -114,4 +125,4 @@ class ActionModule(ActionBase):
                     display.display(progress_line(host, reply, info))
         finally:
             self._remove_tmp_path(self._connection._shell.tmpdir)
-        return merge_hash(result, reply)
+        return merge_hash(result, with_phase(reply))

@@ -164,7 +164,9 @@ seealso:
   - module: ansible.builtin.uri
 attributes:
   check_mode:
-    description: It only observes, so it runs as usual in check mode.
+    description:
+      - It only observes. In check mode it looks once (as with I(timeout=0)) and returns the current
+        phase - a play in check mode started nothing, so there is nothing to wait for.
     support: full
   diff_mode:
     description: Nothing to compare, it changes nothing.
@@ -348,12 +350,16 @@ INTERNAL_ARGUMENT_SPEC = dict(
 def main():
     module = AnsibleModule(
         argument_spec=dict(ARGUMENT_SPEC, **INTERNAL_ARGUMENT_SPEC),
-        mutually_exclusive=[("unit", "pid")],
-        required_one_of=[("unit", "pid")],
-        supports_check_mode=True,  # it only observes: check mode runs it as usual
+        supports_check_mode=True,  # it only observes; in check mode it looks once
     )
     # Popped, so the result's invocation is the same as without the action plugin.
     resume = module.params.pop("_resume")
+    # Checked here rather than by AnsibleModule, so that this failure too returns phase and elapsed.
+    if (module.params["unit"] is None) == (module.params["pid"] is None):
+        module.fail_json(msg="exactly one of unit and pid is required (got %s)" % (
+            "both" if module.params["unit"] is not None else "neither"), phase="failed", elapsed=0)
+    if module.check_mode:
+        module.params["timeout"] = 0
     try:
         if resume:
             result = wait_slice(module.params, resume)

@@ -64,9 +64,13 @@ def processes():
         proc.wait()
 
 
-def ansible(args, check=False):
-    """Run the module on localhost; return (rc, the module's result dict)."""
-    argv = [ANSIBLE, "localhost", "-c", "local", "-m", "wait_for_model_ready", "-a", args]
+def ansible(args, check=False, module="wait_for_model_ready"):
+    """Run the module on localhost; return (rc, the module's result dict).
+
+    By its short name (library/) the module runs alone; by its FQCN, as the roles call it, through
+    its action plugin.
+    """
+    argv = [ANSIBLE, "localhost", "-c", "local", "-m", module, "-a", args]
     if check:
         argv.append("--check")
     proc = subprocess.run(argv, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -104,10 +108,16 @@ def test_waits_until_a_completion_answers_and_hides_the_api_key(processes):
     assert "sk-integration-secret" not in json.dumps(result)
 
 
-def test_check_mode_still_observes(processes):
+def test_check_mode_observes_once_and_never_waits(processes):
     proc, port = processes([sys.executable, "-c", SERVER, "ready"], port=True)
     rc, result = ansible("url=http://127.0.0.1:%d pid=%d timeout=0" % (port, proc.pid), check=True)
     assert rc == 0 and result["phase"] == "ready"
+    # Never ready (no completion endpoint), an hour's timeout: check mode looks once and returns.
+    proc, port = processes([sys.executable, "-c", SERVER, "listen-only"], port=True)
+    started = time.monotonic()
+    rc, result = ansible("url=http://127.0.0.1:%d pid=%d timeout=3600" % (port, proc.pid), check=True)
+    assert rc == 0 and result["phase"] == "initializing" and result["elapsed"] == 0, result
+    assert time.monotonic() - started < 60
 
 
 def test_idle_process_that_never_listens_is_stalled_after_stall_timeout(processes):
@@ -153,3 +163,10 @@ def test_bad_input_fails_at_once_with_elapsed_0():
     assert result["msg"].startswith("pid: no process with pid 4194300")
     rc, result = ansible("url=127.0.0.1:30001 unit=x.service")
     assert rc != 0 and result["msg"].startswith("url: must be an http:// or https:// base URL")
+    # Refused by AnsibleModule itself (before the module's code; the action plugin adds them), or
+    # by the unit/pid check: the result still has the phase and elapsed every failure promises.
+    for args, words in (("url=http://127.0.0.1:30001 pid=1 timeout=soon", "timeout"),
+                        ("url=http://127.0.0.1:30001 pid=1 unit=x.service", "exactly one of unit and pid")):
+        rc, result = ansible(args, module="modelwake.serving.wait_for_model_ready")
+        assert rc != 0 and words in result["msg"], result
+        assert (result["phase"], result["elapsed"]) == ("failed", 0), result

@@ -53,3 +53,11 @@ def test_progress_interval(value, interval):
 def test_a_bad_progress_interval_names_the_variable(value):
     with pytest.raises(AnsibleError, match="modelwake_progress_interval must be a number of seconds"):
         action.progress_interval(value)
+
+
+def test_every_failure_gets_the_phase_and_elapsed_the_docs_promise():
+    refused = {"failed": True, "msg": "argument 'timeout' is of type str"}
+    assert action.with_phase(refused) == dict(refused, phase="failed", elapsed=0)
+    stalled = {"failed": True, "msg": "stalled: ...", "phase": "stalled", "elapsed": 640}
+    assert action.with_phase(stalled) == stalled
+    assert action.with_phase({"phase": "ready", "elapsed": 3}) == {"phase": "ready", "elapsed": 3}

@@ -126,8 +126,8 @@ def test_model_path_without_weights(server, tmp_path):
 
 
 @pytest.mark.parametrize("args,words", [
-    ({"unit": "x.service"}, "mutually exclusive: unit|pid"),
-    ({"pid": None}, "one of the following is required: unit, pid"),
+    ({"unit": "x.service"}, "exactly one of unit and pid is required (got both)"),
+    ({"pid": None}, "exactly one of unit and pid is required (got neither)"),
     ({"engine": "tgi"}, "value of engine must be one of: sglang, vllm, auto"),
     ({"ready_check": "ping"}, "value of ready_check must be one of: completion, health, models"),
     ({"timeout": "soon"}, "timeout"),
@@ -139,6 +139,10 @@ def test_argument_spec_rules(server, args, words):
     full = dict((k, v) for k, v in full.items() if v is not None)
     result = run(full, AnsibleFailJson)
     assert words in result["msg"]
+    if "unit and pid" in words:
+        # Our own check, so that it returns what every failure returns (AnsibleModule's type and
+        # choices errors get them from the action plugin: test_action_plugin.py).
+        assert (result["phase"], result["elapsed"]) == ("failed", 0)
 
 
 def test_look_once_at_a_real_server_returns_its_phase(server, tmp_path):
@@ -156,10 +160,13 @@ def test_look_once_at_a_real_server_returns_its_phase(server, tmp_path):
     assert result["phase"] == "initializing" and "HTTP /health 200" in result["msg"]
 
 
-def test_check_mode_observes_like_normal_mode(server):
+def test_check_mode_looks_once_and_never_waits(server):
     pid, url = server
     result = run({"url": url, "pid": pid, "timeout": 0, "ready_check": "health", "_ansible_check_mode": True})
     assert result["phase"] == "ready" and result["changed"] is False
+    # Not ready (no completion endpoint) with an hour's timeout: one look, the phase, no failure.
+    result = run({"url": url, "pid": pid, "timeout": 3600, "_ansible_check_mode": True})
+    assert result["phase"] == "initializing" and result["elapsed"] == 0 and not result.get("failed")
 
 
 # -- Secrets and the agreed result ----------------------------------------------------------------
