@@ -11,6 +11,8 @@ import json
 import os
 import struct
 
+from ..common.errors import ModelWakeError
+
 MIB = 1024 * 1024
 # safetensors' own MAX_HEADER_SIZE: a larger length prefix is garbage, not a header.
 MAX_HEADER_SIZE = 100_000_000
@@ -29,7 +31,7 @@ ZERO_TAIL_BYTES = MIB
 ZERO_TAIL_MIN_DATA = 64 * 1024
 
 
-class ShardDamaged(Exception):
+class ShardDamaged(ModelWakeError):
     """A shard that the engine would refuse, or load as garbage; str() is the reason."""
 
 
