@@ -127,7 +127,9 @@ def test_pip_bootstrap_offline(lab, case, request):
 
 @pytest.fixture(scope="module")
 def repaired(tmp_path_factory, wheelhouses):
-    """The K2.6 case: torch 2.9 + compressed-tensors 0.8.1 and an nvfp4 model; the role runs twice."""
+    """The K2.6 host: torch 2.9 + compressed-tensors 0.8.1, no pip and (as the story's Python) no ensurepip
+    to be had, an nvfp4 model. The role runs twice with the engine, its version and the model path;
+    the rest is the test's plumbing (paths, the offline wheelhouse, which holds no pip wheel)."""
     base = tmp_path_factory.mktemp("repaired")
 
     class State:
@@ -135,18 +137,21 @@ def repaired(tmp_path_factory, wheelhouses):
 
     state = State()
     state.venv = envkit.make_venv(str(base / "venv"), wheelhouses["main"],
-                                  ["torch==%s" % envkit.TORCH_OLD, "compressed-tensors==0.8.1"])
+                                  ["torch==%s" % envkit.TORCH_OLD, "compressed-tensors==0.8.1"], with_pip=False)
     state.marker = str(base / "restart-requested")
     model = envkit.write_model(str(base / "model"), NVFP4)
     state.model_digest = envkit.tree_digest(model)
     inventory = envkit.write_inventory(str(base / "inventory.ini"))
     extravars = {
-        "inference_env_venv": state.venv, "inference_env_engine": "sim", "inference_env_engine_version": SIM_VERSION,
-        "inference_env_wheelhouse": wheelhouses["main"], "inference_env_model_path": model,
+        "inference_env_engine": "sim", "inference_env_engine_version": SIM_VERSION, "inference_env_model_path": model,
+        # Plumbing. pip_bootstrap wheel is what a host without ensurepip gets under auto.
+        "inference_env_venv": state.venv, "inference_env_pip_bootstrap": "wheel",
+        "inference_env_wheelhouse": wheelhouses["nopip"],
         "inference_env_stage_dir": str(base / "stage"), "inference_env_controller_cache": str(base / "cache"),
         "inference_env_test_marker": state.marker, "inference_env_py_spy": False,
     }
     state.before_has_member = enum_has(state.venv, "nvfp4_pack_quantized")
+    state.before_has_pip = envkit.run([venv_python(state.venv), "-m", "pip", "--version"]).returncode == 0
     state.first = envkit.run_playbook(str(base / "runner-1"), inventory, extravars)
     state.first_marker = os.path.exists(state.marker)
     state.freeze_after_first = envkit.pip_freeze(state.venv)
@@ -155,6 +160,15 @@ def repaired(tmp_path_factory, wheelhouses):
     state.second = envkit.run_playbook(str(base / "runner-2"), inventory, extravars)
     state.model_digest_after = envkit.tree_digest(model)
     return state
+
+
+def test_the_venv_without_pip_gets_the_controllers_own_pip_wheel(repaired):
+    assert not repaired.before_has_pip
+    assert_ok(repaired.first)
+    assert repaired.first.result["pip_bootstrap"] == "wheel"
+    # The controller Python's ensurepip bundle (or Debian's python-wheels): what envkit finds the same way.
+    wheel_version = os.path.basename(envkit.pip_wheel_path()).split("-")[1]
+    assert envkit.run([venv_python(repaired.venv), "-m", "pip", "--version"]).stdout.startswith("pip %s " % wheel_version)
 
 
 def test_nvfp4_model_gets_a_compressed_tensors_that_has_the_member(repaired):
@@ -186,6 +200,28 @@ def test_second_run_changes_nothing_and_requests_no_restart(repaired):
 
 def test_model_files_are_never_written(repaired):
     assert repaired.model_digest_after == repaired.model_digest
+
+
+def test_an_engine_in_the_venv_is_kept_without_a_version_and_a_missing_one_needs_it(lab, wheelhouses):
+    envkit.make_venv(lab.venv, wheelhouses["main"], ["sglang==%s" % envkit.SGLANG_KEPT])
+    before = envkit.pip_freeze(lab.venv)
+    run = lab.run(inference_env_engine="sglang", inference_env_engine_version="")
+    assert_ok(run)
+    assert run.changed == 0 and envkit.pip_freeze(lab.venv) == before
+    assert "engine sglang: %s (unchanged) (version: kept: already in the venv)" % envkit.SGLANG_KEPT in run.summary
+    # A venv without vllm: nothing to keep, so the version is needed; refused before any change.
+    run = lab.run(inference_env_engine="vllm", inference_env_engine_version="")
+    assert run.rc != 0
+    assert ("inference_env_engine_version must name the exact vllm release to install (e.g. 0.5.23): %s has no "
+            "vllm to keep" % lab.venv) in " ".join(run.stdout.split())
+    assert envkit.pip_freeze(lab.venv) == before and not os.path.exists(lab.marker)
+
+
+def test_the_sim_engine_defaults_to_the_release_of_its_source(lab):
+    run = lab.run(inference_env_engine_version="")
+    assert_ok(run)
+    assert envkit.pip_freeze(lab.venv)["modelwake-sim"] == SIM_VERSION
+    assert any(line.startswith("engine sim: absent -> %s (version: the source in " % SIM_VERSION) for line in run.summary)
 
 
 @pytest.mark.parametrize("groups, installed, expected, required_by", [
@@ -265,7 +301,7 @@ def test_check_mode_on_a_host_without_the_venv_creates_nothing(lab):
     ({"inference_env_sim_source": ""}, 'inference_env_sim_source must name the source directory of the simulated engine on the controller (got "")'),
     ({"inference_env_controller_cache": "cache"}, 'inference_env_controller_cache must be an absolute controller directory for the sim wheel (got "cache")'),
     ({"inference_env_venv": "relative/venv"}, "inference_env_venv must be an absolute path"),
-    ({"inference_env_engine_version": ""}, "inference_env_engine_version must name the exact"),
+    ({"inference_env_engine": "vllm", "inference_env_engine_version": ""}, "inference_env_engine_version must name the exact"),
     ({"inference_env_wheelhouse": "/nonexistent/wheelhouse"}, "inference_env_wheelhouse /nonexistent/wheelhouse is not a directory"),
     ({"inference_env_model_path": "/nonexistent/model"}, "inference_env_model_path: /nonexistent/model has no config.json"),
     ({"inference_env_compressed_tensors_version": "latest"}, "inference_env_compressed_tensors_version: 'latest' is not a valid version"),
