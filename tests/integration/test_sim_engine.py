@@ -230,7 +230,9 @@ def test_a_held_load_pauses_before_its_last_shard_until_its_file_is_removed(mode
     hold.write_text("")
     sim = start_sim("sglang", model_dir, "--tp", "2", "--hold-load", str(hold))
     sim.wait_log("Completed | 7/8")
-    time.sleep(1.0)
+    # Rank 0 draws the bar; on a busy machine rank 1 may still be reading shard 7. Once both are
+    # held, nothing moves: wait for that moment instead of guessing how long it takes.
+    wait_until(lambda: activity_over(sim, 0.5)[1] == 0, timeout=60, what="both ranks held (no more reads)")
     ticks, reads, output = activity_over(sim, 1.5)
     assert ticks <= 5 and reads == 0 and output == 0
     assert "8/8" not in sim.log() and "Load weight end" not in sim.log()
