@@ -4,10 +4,11 @@ One systemd-nspawn guest (tools/testhosts) with scripted GPUs runs the simulated
 sglang-k26.service. The tests run the real playbooks with ansible-playbook and check what the
 guest's systemd and the play's output say: the GPU preflight stops a listed unit that holds the
 GPUs and refuses (naming the PID) a process of no such unit; status, stop, start again. (A crash
-during load, and reboots after ready and during a load, are the Molecule `deploy` scenario's.)
-Interrupted plays: a reboot during the first deploy's wait (the unit, enabled before its restart,
-comes back by itself; the re-run only waits), and a controller killed once the handlers begin (the
-next run still restarts the service onto its new unit, from the host's state alone).
+during load is the Molecule `deploy` scenario's.) Interrupted plays: a reboot in the middle of the
+first deploy's held load (the unit, enabled before its restart, comes back by itself and loads at
+boot; the re-run only waits, through the phases, without a restart: the simulated engine's reboot
+mid-load), and a controller killed once the handlers begin (the next run still restarts the service
+onto its new unit, from the host's state alone).
 The guest is destroyed afterwards, also when a test fails.
 """
 import json

@@ -9,7 +9,7 @@ systemd test host, so that both engines' semantics stay covered and this file ru
   config.json missing        refused before any change
   port already taken         failed, the other process named
 
-(A reboot mid-load of the simulated SGLang server: the Molecule `deploy` scenario.) Model files are never
+(A reboot mid-load of the simulated SGLang server: test_deploy_lifecycle.py.) Model files are never
 written by the toolkit: the tests break copies. The guest is destroyed afterwards, also on failure.
 """
 import json
