@@ -18,6 +18,7 @@ options:
   _terms:
     description: The catalog entry (a mapping).
     type: list
+    elements: dict
     required: true
   name:
     description: The entry's name in C(modelwake_models), used in the messages.

@@ -59,7 +59,7 @@ damaged:
   type: list
   elements: dict
 problems:
-  description: Readable problems, one per missing set or damaged shard (C(name: reason)); empty when the directory is whole.
+  description: Readable problems, one per missing set or damaged shard (the shard's name, then why); empty when the directory is whole.
   returned: always
   type: list
   elements: str
