@@ -61,6 +61,7 @@ CATALOG = {
     "tp": {"type": "int"},
     "gpus": {"type": "list", "elements": "int"},
     "gpu_free_mib": {"type": "int"},
+    "verify_checksums": {"type": "bool"},
     "conflicts": {"type": "list", "elements": "str"},
     "extra_args": {"type": "list", "elements": "str"},
     "env": {"type": "dict"},

@@ -18,9 +18,13 @@ description:
     the last MiB of its data is not all zeros (a preallocated, never written download), and it
     holds every tensor the index maps to it - then sums the shards' sizes.
   - Reads headers and at most 1 MiB of each shard's data, so a 548 GB model takes seconds.
+  - With I(verify_checksums), also hashes every shard that has a published SHA-256 in the directory
+    (a C(SHA256SUMS) file, or the C(.cache/huggingface/download/*.metadata) a Hugging Face download
+    leaves) and refuses a mismatch. A verified shard is remembered by size and mtime in
+    I(state_dir), so an unchanged copy is hashed once.
   - Reads up to I(read_sample_mib) of the largest shard, after dropping its cached pages with
     C(posix_fadvise(DONTNEED)), to measure the disk's read rate and estimate the load time.
-  - Never writes anything.
+  - Never writes the model; with I(verify_checksums) it writes only its record in I(state_dir).
 options:
   path:
     description: Absolute path of the model directory.
@@ -30,9 +34,19 @@ options:
     description: MiB of one shard to read for the rate measurement; 0 skips it.
     type: int
     default: 256
+  verify_checksums:
+    description:
+      - Hash every shard that has a published SHA-256 and refuse a mismatch (reads the whole model once).
+      - Without any published sum in the directory it warns and checks the headers only.
+    type: bool
+    default: false
+  state_dir:
+    description: Host directory of the records of verified shards (never inside the model directory).
+    type: path
+    default: /var/lib/modelwake/model-checks
 author: modelwake contributors (@modelwake)
 notes:
-  - Supports check mode; it never changes anything.
+  - Supports check mode (the record of verified shards is not written then).
 """
 
 EXAMPLES = r"""
@@ -71,6 +85,13 @@ index_total_size:
   description: The index's metadata.total_size, when it has one.
   returned: always
   type: int
+checksums:
+  description:
+    - With I(verify_checksums) - C(source) of the sums (C(SHA256SUMS) or the Hugging Face metadata,
+      null when none), shards C(checked) now, C(remembered) from an earlier verification,
+      C(unverified) (no published sum) and C(mismatched) ({name, reason}).
+  returned: when verify_checksums
+  type: dict
 read_bytes:
   description: Bytes read for the measurement.
   returned: always
@@ -98,12 +119,15 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import InputError
 from ansible_collections.modelwake.serving.plugins.module_utils.common.formatting import duration
+from ansible_collections.modelwake.serving.plugins.module_utils.preflight import checksums
 from ansible_collections.modelwake.serving.plugins.module_utils.preflight.modeldir import MIB, inspect, measure_read_rate, problems
 
 
 ARGUMENT_SPEC = {
     "path": {"type": "path", "required": True},
     "read_sample_mib": {"type": "int", "default": 256},
+    "verify_checksums": {"type": "bool", "default": False},
+    "state_dir": {"type": "path", "default": "/var/lib/modelwake/model-checks"},
 }
 
 
@@ -125,6 +149,22 @@ def main():
     result = dict(found, problems=problems(found), read_bytes=0, read_seconds=None,
                   read_rate_mib=None, expected_load_seconds=None, expected_load="unknown")
     result.pop("shards")
+    changed = False
+    if module.params["verify_checksums"] and not result["problems"]:
+        names = [shard["name"] for shard in found["shards"]]
+        state_dir = module.params["state_dir"]
+        if module.check_mode:
+            state_dir = os.path.join(module.tmpdir, "model-checks")
+        try:
+            verified = checksums.verify(path, names, state_dir)
+        except InputError as exc:
+            module.fail_json(msg=str(exc))
+        changed = verified.pop("recorded") and not module.check_mode
+        result["checksums"] = verified
+        result["problems"] += ["%s: %s" % (m["name"], m["reason"]) for m in verified["mismatched"]]
+        if verified["source"] is None:
+            module.warn("verify_checksums: %s has no SHA256SUMS and no Hugging Face download metadata: "
+                        "only the shards' headers were checked" % path)
     if sample_mib and found["shards"] and not result["problems"]:
         largest = max(found["shards"], key=lambda s: s["size"])
         done, seconds, rate = measure_read_rate(os.path.join(path, largest["name"]), sample_mib * MIB)
@@ -132,7 +172,7 @@ def main():
             result.update(read_bytes=done, read_seconds=round(seconds, 3), read_rate_mib=round(rate, 1),
                           expected_load_seconds=round(found["total_bytes"] / (rate * MIB), 1),
                           expected_load=duration(found["total_bytes"] / (rate * MIB)))
-    module.exit_json(changed=False, **result)
+    module.exit_json(changed=changed, **result)
 
 
 if __name__ == "__main__":

@@ -123,6 +123,29 @@ def test_threshold_lets_a_small_holder_pass(tmp_path, gpu_dir, holder_process):
     assert "GPU 0 has 42887 MiB free" in flat(proc.stdout)
 
 
+def test_checksums_refuse_a_changed_shard_then_are_remembered(tmp_path, gpu_dir, model):
+    import hashlib
+    names = sorted(p.name for p in model.iterdir() if p.name.endswith(".safetensors"))
+    sums = dict((n, hashlib.sha256((model / n).read_bytes()).hexdigest()) for n in names)
+    state = tmp_path / "model-checks"
+    args = {"gpu_preflight_model_path": str(model), "gpu_preflight_verify_checksums": True,
+            "gpu_preflight_checksum_state_dir": str(state), "gpu_preflight_read_sample_mib": 0,
+            "gpu_preflight_required": False}
+    # The published sum of shard 2 is not what is on disk (a bit flipped in transit, say).
+    (model / "SHA256SUMS").write_text("".join("%s  %s\n" % ("f" * 64 if n == names[1] else sums[n], n) for n in names))
+    proc = run(tmp_path, gpu_dir, args)
+    assert proc.returncode == 2, proc.stdout
+    assert "%s: its SHA-256 is %s, SHA256SUMS says %s" % (names[1], sums[names[1]], "f" * 64) in flat(proc.stdout)
+    assert "Read the GPUs and who holds them" not in proc.stdout
+    (model / "SHA256SUMS").write_text("".join("%s  %s\n" % (sums[n], n) for n in names))
+    proc = run(tmp_path, gpu_dir, args)
+    assert proc.returncode == 0, proc.stdout
+    # The three shards that matched in the refused run were remembered; only the fourth is read again.
+    assert "SHA-256 (SHA256SUMS): 1 verified now, 3 unchanged since verified, 0 without a published sum" in flat(proc.stdout)
+    proc = run(tmp_path, gpu_dir, args)
+    assert "0 verified now, 4 unchanged since verified" in flat(proc.stdout)
+
+
 def test_missing_shard_fails_before_the_gpus_are_read(tmp_path, gpu_dir, model):
     os.unlink(str(model / "model-00003-of-00004.safetensors"))
     proc = run(tmp_path, gpu_dir, {"gpu_preflight_model_path": str(model)})

@@ -16,7 +16,7 @@ import safetensors
 from safetensors.numpy import save_file
 
 from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import InputError
-from ansible_collections.modelwake.serving.plugins.module_utils.preflight import modeldir, shards
+from ansible_collections.modelwake.serving.plugins.module_utils.preflight import checksums, modeldir, shards
 
 MIB = 1024 * 1024
 ROWS = 256  # rows of 1024: 1 MiB of float32 and 512 KiB of float16 per shard, more than the 1 MiB sampled
@@ -205,3 +205,80 @@ def shift_first_end(raw, delta):
     text = json.dumps(header, separators=(",", ":")).encode()
     assert len(text) <= length
     return raw[:8] + text + b" " * (length - len(text)) + raw[8 + length:]
+
+
+# -- The opt-in full verification: checksums.py -----------------------------------------------------
+
+def write_sums(path, names, wrong=()):
+    lines = []
+    for name in names:
+        digest = checksums.sha256_of(os.path.join(path, name))
+        lines.append("%s  %s\n" % ("0" * 64 if name in wrong else digest, name))
+    with open(os.path.join(path, checksums.SUMS_FILE), "w") as handle:
+        handle.writelines(lines)
+
+
+class CountingHasher(object):
+    def __init__(self):
+        self.read = []
+
+    def __call__(self, path):
+        self.read.append(os.path.basename(path))
+        return checksums.sha256_of(path)
+
+
+def test_checksums_are_verified_once_and_remembered_while_the_copy_is_unchanged(model, tmp_path):
+    path, names = model
+    write_sums(path, names)
+    state = str(tmp_path / "state")
+    hasher = CountingHasher()
+    first = checksums.verify(path, names, state, hasher=hasher)
+    assert (first["source"], first["checked"], first["mismatched"], first["recorded"]) == ("SHA256SUMS", names, [], True)
+    second = checksums.verify(path, names, state, hasher=hasher)
+    assert (second["checked"], second["remembered"], second["recorded"]) == ([], names, False)
+    assert hasher.read == names  # each shard read once in all
+    # A copy replaced in place (new mtime) is read again.
+    os.utime(os.path.join(path, names[1]), ns=(1, 1))
+    third = checksums.verify(path, names, state, hasher=hasher)
+    assert third["checked"] == [names[1]]
+    # The record lives outside the model directory, which is never written.
+    assert os.listdir(state) == [os.path.basename(checksums.record_path(state, path))]
+
+
+def test_a_flipped_byte_inside_the_data_is_caught_only_by_the_checksum(model, tmp_path):
+    path, names = model
+    write_sums(path, names)
+    shard = os.path.join(path, names[2])
+    with open(shard, "r+b") as handle:
+        handle.seek(data_start(shard) + 1000)
+        byte = handle.read(1)
+        handle.seek(-1, os.SEEK_CUR)
+        handle.write(bytes([byte[0] ^ 0x01]))
+    assert modeldir.inspect(path)["damaged"] == []  # headers and the zero sample see nothing
+    result = checksums.verify(path, names, str(tmp_path / "state"))
+    assert [m["name"] for m in result["mismatched"]] == [names[2]]
+    assert "the bytes differ from the published file" in result["mismatched"][0]["reason"]
+    # A mismatch is not remembered: the next run hashes it again.
+    again = checksums.verify(path, names, str(tmp_path / "state"))
+    assert again["checked"] == [names[2]] and again["mismatched"]
+
+
+def test_a_hugging_face_download_s_metadata_gives_the_sums(model, tmp_path):
+    path, names = model
+    meta_dir = os.path.join(path, checksums.HF_METADATA_DIR)
+    os.makedirs(meta_dir)
+    for name in names[:3]:  # the fourth has no metadata: unverified, not refused
+        with open(os.path.join(meta_dir, name + ".metadata"), "w") as handle:
+            handle.write("a1b2c3d4e5f6\n%s\n1764547200.0\n" % checksums.sha256_of(os.path.join(path, name)))
+    result = checksums.verify(path, names, str(tmp_path / "state"))
+    assert result["source"] == checksums.HF_METADATA_DIR
+    assert (result["checked"], result["unverified"], result["mismatched"]) == (names[:3], [names[3]], [])
+
+
+def test_a_malformed_sums_file_is_refused_naming_the_line(model, tmp_path):
+    path, names = model
+    with open(os.path.join(path, checksums.SUMS_FILE), "w") as handle:
+        handle.write("not-a-sum  %s\n" % names[0])
+    with pytest.raises(InputError) as err:
+        checksums.verify(path, names, str(tmp_path / "state"))
+    assert err.value.field == "model_path" and "SHA256SUMS line 1 is not '<sha256>  <file>'" in str(err.value)
