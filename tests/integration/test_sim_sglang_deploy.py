@@ -3,13 +3,15 @@ protocol: deployed by deploy-k26.yml (inventories/vllm-cpu, catalog entry `sim-s
 systemd test host, so that both engines' semantics stay covered and this file runs beside the real one.
 
   damaged copy               refused by the preflight naming each shard; the ready unit untouched
+  upgrade that cannot start  rolled back to the exact previous packages, ready again, the play failed
   crash exit 0 after ready   the unit comes back by itself, the launcher names the exit
   hang while loading         stalled after stall_timeout
-  truncated shard            failed, SafetensorError in the evidence
   config.json missing        refused before any change
   port already taken         failed, the other process named
 
-(A reboot mid-load of the simulated SGLang server: test_deploy_lifecycle.py.) Model files are never
+(A reboot mid-load of the simulated SGLang server: test_deploy_lifecycle.py. A shard cut short behind the
+preflight's back, the engine's SafetensorError as the verdict's root cause: test_module_sim.py on both
+protocols, test_vllm_deploy.py on the real engine.) Model files are never
 written by the toolkit: the tests break copies. The guest is destroyed afterwards, also on failure.
 """
 import json
@@ -109,6 +111,54 @@ def test_damaged_copy_is_refused_before_any_change(sim):
     assert VM.completion(PORT) != ""
 
 
+def broken_sim_build(dest, version):
+    """The simulated engine's source as another release whose server exits at once (it still imports)."""
+    shutil.copytree(os.path.join(ROOT, "engines", "sim"), dest,
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    for name, old, new in (("pyproject.toml", 'version = "0.1.0"', 'version = "%s"' % version),
+                           ("modelwake_sim/__init__.py", '__version__ = "0.1.0"', '__version__ = "%s"' % version),
+                           ("modelwake_sim/__main__.py", 'if __name__ == "__main__":\n',
+                            'if __name__ == "__main__":\n    sys.exit("modelwake-sim %s: a broken build" % __version__)\n')):
+        path = os.path.join(dest, name)
+        with open(path) as handle:
+            text = handle.read()
+        assert old in text, (name, old)
+        with open(path, "w") as handle:
+            handle.write(text.replace(old, new, 1))
+    return dest
+
+
+def test_an_upgrade_that_does_not_come_up_is_rolled_back(sim, tmp_path):
+    venv_python = "/opt/modelwake/sim-venv/bin/python"
+    packages_before = VM.sh("%s -m pip freeze --all" % venv_python)
+    # Its own controller cache, so that no other test's host is offered the broken wheel; py-spy's
+    # wheel (downloaded once per cache) comes from the suite's.
+    cache = tmp_path / "controller-cache"
+    os.makedirs(str(cache / "sim-wheels"))
+    suite_cache = os.environ.get("MODELWAKE_CACHE") or os.path.expanduser("~/.cache/modelwake")
+    for wheel in os.listdir(os.path.join(suite_cache, "sim-wheels")):
+        if wheel.startswith("py_spy-"):
+            shutil.copy(os.path.join(suite_cache, "sim-wheels", wheel), str(cache / "sim-wheels"))
+    source = broken_sim_build(str(tmp_path / "sim-0.1.1"), "0.1.1")
+    with timed("upgrade that cannot start -> rolled back, ready again"):
+        rc, out = sim_deploy(inference_env_sim_source=source, inference_env_engine_version="0.1.1",
+                             inference_env_controller_cache=str(cache))
+    flat = " ".join(out.split())
+    assert rc == 2, flat[-4000:]
+    assert "%s did not come up after the upgrade of /opt/modelwake/sim-venv (modelwake-sim 0.1.0 -> 0.1.1)" % UNIT in flat, flat[-4000:]
+    assert re.search(r"\(modelwake-sim 0\.1\.0 -> 0\.1\.1\): failed after \d+ s: failed: ", flat), flat[-4000:]
+    # The broken build's own words are in the unit's journal, where the message's status points.
+    assert "modelwake-sim 0.1.1: a broken build" in VM.sh("journalctl -u %s --no-pager -n 300" % UNIT)
+    assert re.search(r"Rolled back to the previous package set \(modelwake-sim 0\.1\.1 -> 0\.1\.0\) and restarted: "
+                     r"ready again after \d+ s", flat), flat[-4000:]
+    VERDICTS["upgrade that cannot start"] = re.search(r"did not come up[^.]*", flat).group(0)[:200]
+    # The host is as it was: the exact previous packages, the service answering.
+    assert VM.sh("%s -m pip freeze --all" % venv_python) == packages_before
+    # (The launcher says READY=1 after its own completion, a moment after the wait's.)
+    until("the unit active again", lambda: VM.unit_state(UNIT)["ActiveState"] == "active", timeout=60)
+    assert VM.completion(PORT) != ""
+
+
 def test_crash_exit_0_after_ready_restarts_by_itself(sim):
     with timed("crash0 after ready -> unit back by itself"):
         # Late enough for the play's own wait and smoke to pass first.
@@ -130,18 +180,6 @@ def test_hang_during_load_is_stalled(sim):
     VERDICTS["hang during load"] = verdict_msg(out)
     flat = " ".join(out.split())
     assert rc == 2 and "phase: stalled" in flat, flat[-4000:]
-
-
-def test_truncated_shard_fails_with_the_safetensor_error(sim):
-    broken = MODEL + "-truncated"
-    VM.sh("rm -rf {b} && cp -a {m} {b} && f={b}/model-00001-of-00008.safetensors && "
-          "truncate -s $(( $(stat -c %s $f) / 2 )) $f".format(m=MODEL, b=broken))
-    with timed("truncated shard -> failed"):
-        rc, out = sim_deploy(model_service_model_path=broken)
-    assert rc == 2, out[-4000:]
-    failed = out[out.index("Wait for the restarted model service to be ready"):]
-    VERDICTS["truncated shard"] = verdict_msg(failed)
-    assert "phase: failed" in failed and "SafetensorError" in failed, failed[-4000:]
 
 
 def test_missing_config_is_refused(sim):

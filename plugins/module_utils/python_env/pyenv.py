@@ -370,10 +370,21 @@ def install_transaction(run, venv, name, op, version, source_args, constraints_f
     raise InstallFailed(*_roll_back(run, venv, before, source_args, failure))
 
 
-def _roll_back(run, venv, before, source_args, failure):
-    """Undo a failed attempt; return (message, result) for InstallFailed."""
-    attempted = snapshot(run, venv)
-    uninstall, reinstall = rollback_plan(before, attempted)
+def restore_snapshot(run, venv, wanted, source_args, keep=()):
+    """Make the venv's package set `wanted` again: uninstall what it lacks, reinstall what differs.
+
+    Distributions named in `keep` (e.g. pip, bootstrapped into a venv that had none) are left as they
+    are. Returns {"identical", "steps", "before" (the set it found), "undone" (the diff from `wanted`
+    to it), "remaining_diff"}.
+    """
+    kept = set(canonical_name(name) for name in keep)
+
+    def without_kept(packages):
+        return dict((n, v) for n, v in packages.items() if n not in kept)
+
+    wanted = without_kept(dict((canonical_name(n), v) for n, v in wanted.items()))
+    current = without_kept(snapshot(run, venv))
+    uninstall, reinstall = rollback_plan(wanted, current)
     steps = []
     pip = [venv_python(venv), "-m", "pip"]
     if uninstall:
@@ -382,15 +393,30 @@ def _roll_back(run, venv, before, source_args, failure):
     if reinstall:
         rc, out, err = run(pip + ["install", "--no-deps", "--disable-pip-version-check", "--no-input"] + list(source_args) + reinstall)
         steps.append({"cmd": "pip install --no-deps " + " ".join(reinstall), "rc": rc, "output": _tail(err or out, 1000)})
-    restored = snapshot(run, venv)
-    left = snapshot_diff(before, restored)
-    identical = restored == before
-    result = {"changed": False, "rolled_back": identical, "rollback_steps": steps,
-              "attempted_diff": snapshot_diff(before, attempted), "remaining_diff": left}
-    if identical:
+    restored = without_kept(snapshot(run, venv))
+    return {"identical": restored == wanted, "steps": steps, "before": current, "undone": snapshot_diff(wanted, current),
+            "remaining_diff": snapshot_diff(wanted, restored)}
+
+
+def describe_diff(diff):
+    """`a 1.0 -> 1.1, b (added) , c 2.0 (removed)`: a snapshot_diff for people, one change per package."""
+    parts = ["%s %s -> %s" % (n, old, new) for n, (old, new) in sorted(diff["changed"].items())]
+    parts += ["%s %s (added)" % (n, v) for n, v in sorted(diff["added"].items())]
+    parts += ["%s %s (removed)" % (n, v) for n, v in sorted(diff["removed"].items())]
+    return ", ".join(parts) or "no change"
+
+
+def _roll_back(run, venv, before, source_args, failure):
+    """Undo a failed attempt; return (message, result) for InstallFailed."""
+    restore = restore_snapshot(run, venv, before, source_args)
+    result = {"changed": False, "rolled_back": restore["identical"], "rollback_steps": restore["steps"],
+              "attempted_diff": restore["undone"], "remaining_diff": restore["remaining_diff"]}
+    undone = restore["undone"]
+    if restore["identical"]:
         msg = "%s. Rolled back: the venv's packages are exactly as before (%d removed, %d reinstalled)." % (
-            failure, len(uninstall), len(reinstall))
+            failure, len(undone["added"]), len(undone["removed"]) + len(undone["changed"]))
     else:
         result["changed"] = True
-        msg = "%s. ROLLBACK INCOMPLETE, the venv differs from before: %s" % (failure, json.dumps(left, sort_keys=True))
+        msg = "%s. ROLLBACK INCOMPLETE, the venv differs from before: %s" % (
+            failure, json.dumps(restore["remaining_diff"], sort_keys=True))
     return msg, result

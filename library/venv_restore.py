@@ -1,0 +1,1 @@
+../plugins/modules/venv_restore.py

@@ -1,0 +1,145 @@
+#!/usr/bin/python
+# Copyright: (c) modelwake contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Put a venv back to a recorded package set: the undo of an upgrade that did not come up."""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: venv_restore
+short_description: Restore a venv to an exact recorded package set
+description:
+  - Compares the venv's installed distributions (read from their metadata, as C(python_env_facts)
+    does) with I(packages), uninstalls what I(packages) lacks and reinstalls, with C(--no-deps), every
+    distribution whose version differs or that is missing, then reads the venv again and fails unless
+    it matches I(packages) exactly.
+  - The undo of an upgrade that installed cleanly but whose service then did not start - the
+    C(model_service) role's rollback, with the set C(inference_env) recorded before it changed the venv.
+  - Packages come from the same places the upgrade used (I(find_links), I(index_url)).
+options:
+  venv:
+    description: Absolute path of the virtual environment (it must have pip).
+    type: path
+    required: true
+  packages:
+    description: The package set to restore, as {distribution name - version}.
+    type: dict
+    required: true
+  keep:
+    description:
+      - Distributions left as they are, whatever I(packages) says (pip, which a venv without it was
+        given during the same run).
+    type: list
+    elements: str
+    default: [pip]
+  find_links:
+    description: Local directories of wheels on the host.
+    type: list
+    elements: path
+    default: []
+  no_index:
+    description: Do not contact any index (needs I(find_links)).
+    type: bool
+    default: false
+  index_url:
+    description: Index to use instead of pip's configured one. Empty keeps pip's configuration.
+    type: str
+    default: ""
+author: modelwake contributors (@modelwake)
+notes:
+  - Supports check mode (reports what it would change).
+"""
+
+EXAMPLES = r"""
+- name: Put the engine's venv back to what it was before this run
+  modelwake.serving.venv_restore:
+    venv: /opt/modelwake/venv
+    packages: "{{ inference_env_rollback.packages }}"
+    find_links: "{{ inference_env_rollback.find_links }}"
+    no_index: "{{ inference_env_rollback.no_index }}"
+"""
+
+RETURN = r"""
+restored:
+  description: The changes the restore made, for people (e.g. C(modelwake-sim 0.1.1 -> 0.1.0)); C(no change) when none.
+  returned: always
+  type: str
+undone:
+  description: What differed from I(packages) before the restore, as {added, removed, changed}.
+  returned: always
+  type: dict
+remaining_diff:
+  description: What still differs after the restore (empty when it is exact).
+  returned: always
+  type: dict
+steps:
+  description: The pip commands run, each with its rc and the end of its output.
+  returned: always
+  type: list
+  elements: dict
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.modelwake.serving.plugins.module_utils.python_env.pyenv import (
+    PyEnvError,
+    canonical_name,
+    describe_diff,
+    pip_source_args,
+    restore_snapshot,
+    snapshot,
+    snapshot_diff,
+    venv_python,
+)
+
+
+ARGUMENT_SPEC = {
+    "venv": {"type": "path", "required": True},
+    "packages": {"type": "dict", "required": True},
+    "keep": {"type": "list", "elements": "str", "default": ["pip"]},
+    "find_links": {"type": "list", "elements": "path", "default": []},
+    "no_index": {"type": "bool", "default": False},
+    "index_url": {"type": "str", "default": ""},
+}
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, required_if=[("no_index", True, ("find_links",))],
+                           supports_check_mode=True)
+    p = module.params
+
+    def run(argv):
+        return module.run_command(argv, environ_update={"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"})
+
+    if not os.path.lexists(venv_python(p["venv"])):
+        module.fail_json(msg="venv: %s has no bin/python: there is nothing to restore" % p["venv"])
+    kept = set(canonical_name(name) for name in p["keep"])
+    wanted = dict((canonical_name(name), str(version)) for name, version in p["packages"].items()
+                  if canonical_name(name) not in kept)
+    try:
+        current = dict((n, v) for n, v in snapshot(run, p["venv"]).items() if n not in kept)
+        if module.check_mode or current == wanted:
+            change = snapshot_diff(current, wanted)
+            module.exit_json(changed=current != wanted, restored=describe_diff(change),
+                             undone=snapshot_diff(wanted, current), remaining_diff=snapshot_diff(wanted, current),
+                             steps=[])
+        result = restore_snapshot(run, p["venv"], wanted, pip_source_args(p["find_links"], p["no_index"], p["index_url"]),
+                                  keep=p["keep"])
+    except PyEnvError as exc:
+        module.fail_json(msg=str(exc))
+    restored = describe_diff(snapshot_diff(result["before"], wanted))
+    out = dict(changed=True, restored=restored, undone=result["undone"], remaining_diff=result["remaining_diff"],
+               steps=result["steps"])
+    if not result["identical"]:
+        module.fail_json(msg="the venv %s could not be restored exactly; still different: %s (%s)" % (
+            p["venv"], describe_diff(result["remaining_diff"]), "; ".join(
+                "%s: rc %d %s" % (step["cmd"], step["rc"], step["output"][-300:]) for step in result["steps"]
+                if step["rc"] != 0) or "pip reported no error"), **out)
+    module.exit_json(**out)
+
+
+if __name__ == "__main__":
+    main()
