@@ -142,29 +142,28 @@ from ansible_collections.modelwake.serving.plugins.module_utils.python_env.pyenv
     PyEnvError,
     install_transaction,
     pip_check_conflicts,
+    PIP_ENVIRONMENT,
     pip_source_args,
+    pip_source_options,
     protect_constraints,
     snapshot,
     venv_python,
 )
 
 
-ARGUMENT_SPEC = {
+ARGUMENT_SPEC = dict(pip_source_options(), **{
     "venv": {"type": "path", "required": True},
     "name": {"type": "str", "required": True},
     "version": {"type": "str", "required": True},
     "match": {"type": "str", "choices": ["exact", "minimum"], "default": "exact"},
     "protect": {"type": "list", "elements": "str", "default": []},
-    "find_links": {"type": "list", "elements": "path", "default": []},
-    "no_index": {"type": "bool", "default": False},
-    "index_url": {"type": "str", "default": ""},
     "verify_module": {"type": "str", "default": ""},
     "verify_attribute": {"type": "str", "default": ""},
     "verify_values": {"type": "list", "elements": "str", "default": []},
     "requirements": {"type": "path", "default": ""},
     "no_deps": {"type": "bool", "default": False},
     "pip_check": {"type": "bool", "default": True},
-}
+})
 
 
 def main():
@@ -184,7 +183,7 @@ def main():
             raise PyEnvError("requirements: %s is not a file on the host" % p["requirements"])
 
     def run(argv):
-        return module.run_command(argv, environ_update={"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"})
+        return module.run_command(argv, environ_update=PIP_ENVIRONMENT)
 
     op = "==" if p["match"] == "exact" else ">="
     source = pip_source_args(p["find_links"], p["no_index"], p["index_url"])

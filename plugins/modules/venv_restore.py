@@ -88,7 +88,9 @@ from ansible_collections.modelwake.serving.plugins.module_utils.python_env.pyenv
     PyEnvError,
     canonical_name,
     describe_diff,
+    PIP_ENVIRONMENT,
     pip_source_args,
+    pip_source_options,
     restore_snapshot,
     snapshot,
     snapshot_diff,
@@ -96,14 +98,11 @@ from ansible_collections.modelwake.serving.plugins.module_utils.python_env.pyenv
 )
 
 
-ARGUMENT_SPEC = {
+ARGUMENT_SPEC = dict(pip_source_options(), **{
     "venv": {"type": "path", "required": True},
     "packages": {"type": "dict", "required": True},
     "keep": {"type": "list", "elements": "str", "default": ["pip"]},
-    "find_links": {"type": "list", "elements": "path", "default": []},
-    "no_index": {"type": "bool", "default": False},
-    "index_url": {"type": "str", "default": ""},
-}
+})
 
 
 def main():
@@ -112,7 +111,7 @@ def main():
     p = module.params
 
     def run(argv):
-        return module.run_command(argv, environ_update={"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"})
+        return module.run_command(argv, environ_update=PIP_ENVIRONMENT)
 
     if not os.path.lexists(venv_python(p["venv"])):
         module.fail_json(msg="venv: %s has no bin/python: there is nothing to restore" % p["venv"])

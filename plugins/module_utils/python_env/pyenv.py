@@ -292,6 +292,19 @@ class InstallFailed(PyEnvError):
         super().__init__(message)
 
 
+def pip_source_options():
+    """The module options naming where pip takes packages from (pip_transaction, venv_restore)."""
+    return {
+        "find_links": {"type": "list", "elements": "path", "default": []},
+        "no_index": {"type": "bool", "default": False},
+        "index_url": {"type": "str", "default": ""},
+    }
+
+
+# pip run by a module: no version check against an index, never a prompt.
+PIP_ENVIRONMENT = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+
+
 def pip_source_args(find_links=(), no_index=False, index_url=""):
     """pip options naming where packages come from (a staged wheelhouse or an index)."""
     args = ["--no-index"] if no_index else []
