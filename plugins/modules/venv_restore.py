@@ -86,13 +86,11 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelwake.serving.plugins.module_utils.python_env.pyenv import (
     PyEnvError,
-    canonical_name,
     describe_diff,
     PIP_ENVIRONMENT,
     pip_source_args,
     pip_source_options,
     restore_snapshot,
-    snapshot,
     snapshot_diff,
     venv_python,
 )
@@ -115,23 +113,16 @@ def main():
 
     if not os.path.lexists(venv_python(p["venv"])):
         module.fail_json(msg="venv: %s has no bin/python: there is nothing to restore" % p["venv"])
-    kept = set(canonical_name(name) for name in p["keep"])
-    wanted = dict((canonical_name(name), str(version)) for name, version in p["packages"].items()
-                  if canonical_name(name) not in kept)
     try:
-        current = dict((n, v) for n, v in snapshot(run, p["venv"]).items() if n not in kept)
-        if module.check_mode or current == wanted:
-            change = snapshot_diff(current, wanted)
-            module.exit_json(changed=current != wanted, restored=describe_diff(change),
-                             undone=snapshot_diff(wanted, current), remaining_diff=snapshot_diff(wanted, current),
-                             steps=[])
-        result = restore_snapshot(run, p["venv"], wanted, pip_source_args(p["find_links"], p["no_index"], p["index_url"]),
-                                  keep=p["keep"])
+        result = restore_snapshot(run, p["venv"], p["packages"], pip_source_args(p["find_links"], p["no_index"], p["index_url"]),
+                                  keep=p["keep"], check_mode=module.check_mode)
     except PyEnvError as exc:
         module.fail_json(msg=str(exc))
-    restored = describe_diff(snapshot_diff(result["before"], wanted))
-    out = dict(changed=True, restored=restored, undone=result["undone"], remaining_diff=result["remaining_diff"],
-               steps=result["steps"])
+    undone = result["undone"]
+    out = dict(changed=any(undone.values()), undone=undone, remaining_diff=result["remaining_diff"],
+               steps=result["steps"], restored=describe_diff(snapshot_diff(result["before"], result["wanted"])))
+    if module.check_mode:
+        module.exit_json(**out)
     if not result["identical"]:
         module.fail_json(msg="the venv %s could not be restored exactly; still different: %s (%s)" % (
             p["venv"], describe_diff(result["remaining_diff"]), "; ".join(

@@ -383,21 +383,25 @@ def install_transaction(run, venv, name, op, version, source_args, constraints_f
     raise InstallFailed(*_roll_back(run, venv, before, source_args, failure))
 
 
-def restore_snapshot(run, venv, wanted, source_args, keep=()):
+def restore_snapshot(run, venv, wanted, source_args, keep=(), check_mode=False):
     """Make the venv's package set `wanted` again: uninstall what it lacks, reinstall what differs.
 
     Distributions named in `keep` (e.g. pip, bootstrapped into a venv that had none) are left as they
-    are. Returns {"identical", "steps", "before" (the set it found), "undone" (the diff from `wanted`
-    to it), "remaining_diff"}.
+    are. Returns {"identical", "steps", "wanted" and "before" (both without `keep`), "undone" (the diff
+    from `wanted` to `before`), "remaining_diff"}. With nothing to undo, or in check mode, pip is not run.
     """
     kept = set(canonical_name(name) for name in keep)
 
     def without_kept(packages):
         return dict((n, v) for n, v in packages.items() if n not in kept)
 
-    wanted = without_kept(dict((canonical_name(n), v) for n, v in wanted.items()))
+    wanted = without_kept(dict((canonical_name(n), str(v)) for n, v in wanted.items()))
     current = without_kept(snapshot(run, venv))
     uninstall, reinstall = rollback_plan(wanted, current)
+    if check_mode or not (uninstall or reinstall):
+        undone = snapshot_diff(wanted, current)
+        return {"identical": current == wanted, "steps": [], "wanted": wanted, "before": current, "undone": undone,
+                "remaining_diff": undone}
     steps = []
     pip = [venv_python(venv), "-m", "pip"]
     if uninstall:
@@ -407,7 +411,8 @@ def restore_snapshot(run, venv, wanted, source_args, keep=()):
         rc, out, err = run(pip + ["install", "--no-deps", "--disable-pip-version-check", "--no-input"] + list(source_args) + reinstall)
         steps.append({"cmd": "pip install --no-deps " + " ".join(reinstall), "rc": rc, "output": _tail(err or out, 1000)})
     restored = without_kept(snapshot(run, venv))
-    return {"identical": restored == wanted, "steps": steps, "before": current, "undone": snapshot_diff(wanted, current),
+    return {"identical": restored == wanted, "steps": steps, "wanted": wanted, "before": current,
+            "undone": snapshot_diff(wanted, current),
             "remaining_diff": snapshot_diff(wanted, restored)}
 
 
