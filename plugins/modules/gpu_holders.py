@@ -11,7 +11,7 @@ DOCUMENTATION = r"""
 module: gpu_holders
 short_description: Report the GPUs, the processes holding their memory, and what blocks a deployment
 description:
-  - Reads every GPU (NVML through C(pynvml), else C(nvidia-smi)) and every compute process with
+  - Reads every GPU (NVML through the driver's C(libnvidia-ml.so.1), else C(nvidia-smi)) and every compute process with
     its PID, user, systemd unit (from C(/proc/<pid>/cgroup)), command line and memory per GPU.
   - Sorts the holders of the needed GPUs into the service's own processes (C(own)), processes
     of units that may be stopped (C(stoppable)) and everything else (C(foreign)), and reports

@@ -1,23 +1,134 @@
-"""GPU readers: the faked pynvml (tests/fakes/pynvml.py) and a scripted nvidia-smi on PATH."""
+"""GPU readers: NVML through ctypes against a fake libnvidia-ml.so.1 (tests/fakes/fake_nvml.c), the
+faked NVML calls (tests/fakes/nvml_api.py) and a scripted nvidia-smi on PATH."""
+import ctypes
 import importlib.util
+import json
 import os
 import stat
+import subprocess
 import sys
 
 import pytest
 
-from ansible_collections.modelwake.serving.plugins.module_utils.host import gpu
+from ansible_collections.modelwake.serving.plugins.module_utils.host import gpu, nvml
 from ansible_collections.modelwake.serving.plugins.module_utils.common.command import run_command
 
 FAKES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fakes")
+sys.path.insert(0, FAKES)
+import fake_nvml  # noqa: E402  (tests/fakes: builds the fake library)
+
+
+@pytest.fixture(scope="session")
+def fake_library(tmp_path_factory):
+    return fake_nvml.build(str(tmp_path_factory.mktemp("fake-nvml")))
 
 
 @pytest.fixture
-def fake_nvml(monkeypatch):
-    spec = importlib.util.spec_from_file_location("pynvml", os.path.join(FAKES, "pynvml.py"))
+def gpu_dir(tmp_path, monkeypatch):
+    """A scripted GPU picture: two GPUs, the second without utilisation (Not Supported)."""
+    directory = tmp_path / "gpu"
+    directory.mkdir()
+    (directory / "gpus.json").write_text(json.dumps({"gpus": [
+        {"index": 0, "uuid": "GPU-aaa", "memory_total_mib": 97887, "memory_used_mib": 1824, "utilization_gpu": 0},
+        {"index": 1, "uuid": "GPU-bbb", "memory_total_mib": 97887, "memory_used_mib": 512, "utilization_gpu": None},
+    ]}))
+    monkeypatch.setenv("MODELWAKE_FAKE_GPU_DIR", str(directory))
+    monkeypatch.delenv("MODELWAKE_FAKE_NVML_INIT_ERROR", raising=False)
+    return directory
+
+
+def hold(gpu_dir, pid, memory_mib, index=0, utilization=0):
+    path = gpu_dir / ("holder-%d.json" % pid)
+    path.with_suffix(".tmp").write_text(json.dumps(
+        {"pid": pid, "name": "python", "gpus": {str(index): {"memory_mib": memory_mib, "utilization": utilization}}}))
+    os.replace(str(path.with_suffix(".tmp")), str(path))  # as the simulated engine writes it
+
+
+def calls(library, name):
+    return ctypes.CDLL(library).fakeNvmlCalls(name.encode())
+
+
+def test_the_binding_reads_memory_utilisation_uuid_and_processes_from_the_driver_library(fake_library, gpu_dir):
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        hold(gpu_dir, holder.pid, 76000, index=0, utilization=40)
+        hold(gpu_dir, 2 ** 22 + 7, 9000, index=1)  # no such process: it holds nothing
+        session = nvml.Nvml(fake_library)
+        session.nvmlInit()
+        assert session.nvmlDeviceGetCount() == 2
+        first, second = session.nvmlDeviceGetHandleByIndex(0), session.nvmlDeviceGetHandleByIndex(1)
+        memory = session.nvmlDeviceGetMemoryInfo(first)
+        assert (memory.used, memory.total, memory.free) == (77824 * 2 ** 20, 97887 * 2 ** 20, (97887 - 77824) * 2 ** 20)
+        assert session.nvmlDeviceGetUtilizationRates(first).gpu == 40
+        assert session.nvmlDeviceGetUUID(second) == "GPU-bbb"
+        with pytest.raises(nvml.NvmlError) as info:
+            session.nvmlDeviceGetUtilizationRates(second)
+        assert info.value.code == nvml.ERROR_NOT_SUPPORTED and "Not Supported" in str(info.value)
+        processes = session.nvmlDeviceGetComputeRunningProcesses(first)
+        assert [(p.pid, p.usedGpuMemory) for p in processes] == [(holder.pid, 76000 * 2 ** 20)]
+        assert session.nvmlDeviceGetComputeRunningProcesses(second) == []
+        with pytest.raises(nvml.NvmlError):
+            session.nvmlDeviceGetHandleByIndex(2)
+        session.nvmlShutdown()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_reader_keeps_one_session_and_its_handles_and_sees_memory_grow(fake_library, gpu_dir):
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        reader = gpu.GpuReader(nvml=nvml.Nvml(fake_library))
+        inits, handles = calls(fake_library, "nvmlInit_v2"), calls(fake_library, "nvmlDeviceGetHandleByIndex_v2")
+        assert [g["memory_used_mib"] for g in reader.read()] == [1824, 512]
+        assert reader.backend == "nvml"
+        assert [g["utilization"] for g in reader.read()] == [0, None]
+        for used in (10000, 20000, 30000):  # a rank loading its weights
+            hold(gpu_dir, holder.pid, used, index=1)
+            assert [g["memory_used_mib"] for g in reader.read()] == [1824, 512 + used]
+        assert reader.compute_processes() == [{"index": 1, "pid": holder.pid, "used_memory_mib": 30000}]
+        assert calls(fake_library, "nvmlInit_v2") == inits + 1
+        assert calls(fake_library, "nvmlDeviceGetHandleByIndex_v2") == handles + 2  # once per GPU, not per read
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_watched_gpus_only(fake_library, gpu_dir):
+    reader = gpu.GpuReader(gpus=[1], nvml=nvml.Nvml(fake_library))
+    assert [(g["index"], g["uuid"]) for g in reader.read()] == [(1, "GPU-bbb")]
+
+
+def test_a_driver_that_does_not_initialise_is_said_and_nvidia_smi_answers(fake_library, gpu_dir, monkeypatch,
+                                                                           scripted_smi):
+    monkeypatch.setenv("MODELWAKE_FAKE_NVML_INIT_ERROR", "9")
+    reader = gpu.GpuReader(nvml=nvml.Nvml(fake_library), runner=run_command)
+    assert reader.read() == EXPECTED_GPUS and reader.backend == "nvidia-smi"
+
+
+def test_no_driver_library_is_an_nvml_error_that_names_the_library(tmp_path):
+    with pytest.raises(nvml.NvmlError) as info:
+        nvml.Nvml(str(tmp_path / "libnvidia-ml.so.1"))
+    assert info.value.function == "dlopen" and "libnvidia-ml.so.1" in str(info.value)
+
+
+def test_the_binding_finds_the_library_as_the_loader_does(fake_library, gpu_dir):
+    """On a GPU host the library is found by name; here LD_LIBRARY_PATH points at the fake."""
+    code = ("from ansible_collections.modelwake.serving.plugins.module_utils.host import gpu\n"
+            "reader = gpu.GpuReader()\nprint([g['uuid'] for g in reader.read()], reader.backend)\n")
+    env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(fake_library), PATH="/usr/bin:/bin")
+    out = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, universal_newlines=True,
+                         check=True, cwd=os.path.dirname(os.path.dirname(FAKES))).stdout
+    assert out.strip() == "['GPU-aaa', 'GPU-bbb'] nvml", out
+
+
+# -- GpuReader's logic over NVML's calls, with the Python fake, and the nvidia-smi fallback ---------
+
+@pytest.fixture
+def fake_calls():
+    spec = importlib.util.spec_from_file_location("nvml_api", os.path.join(FAKES, "nvml_api.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    monkeypatch.setitem(sys.modules, "pynvml", module)
     return module
 
 
@@ -38,17 +149,17 @@ EXPECTED_PROCESSES = [{"index": 0, "pid": 4242, "used_memory_mib": 76000},
                       {"index": 1, "pid": 4243, "used_memory_mib": None}]
 
 
-def test_nvml_backend_reads_memory_in_mib_and_utilisation(fake_nvml):
-    fake_nvml.configure(DEVICES)
-    reader = gpu.GpuReader()
+def test_nvml_backend_reads_memory_in_mib_and_utilisation(fake_calls):
+    fake_calls.configure(DEVICES)
+    reader = gpu.GpuReader(nvml=fake_calls)
     assert reader.read() == EXPECTED_GPUS
     assert reader.backend == "nvml"
     assert reader.compute_processes() == EXPECTED_PROCESSES
 
 
-def test_gpus_filter_by_index(fake_nvml):
-    fake_nvml.configure(DEVICES)
-    reader = gpu.GpuReader(gpus=[1])
+def test_gpus_filter_by_index(fake_calls):
+    fake_calls.configure(DEVICES)
+    reader = gpu.GpuReader(gpus=[1], nvml=fake_calls)
     assert [g["index"] for g in reader.read()] == [1]
     assert [p["pid"] for p in reader.compute_processes()] == [4243]
 
@@ -73,51 +184,43 @@ def scripted_smi(tmp_path, monkeypatch):
     return path
 
 
-def test_nvidia_smi_fallback_when_nvml_cannot_initialise(fake_nvml, scripted_smi):
-    fake_nvml.configure(init_error="NVML Shared Library Not Found")
-    reader = gpu.GpuReader(runner=run_command)
+def test_nvidia_smi_fallback_when_nvml_cannot_initialise(fake_calls, scripted_smi):
+    fake_calls.configure(init_error="NVML Shared Library Not Found")
+    reader = gpu.GpuReader(runner=run_command, nvml=fake_calls)
     assert reader.read() == EXPECTED_GPUS
     assert reader.backend == "nvidia-smi" and reader.error is None
     assert reader.compute_processes() == EXPECTED_PROCESSES
     assert [g["index"] for g in gpu.GpuReader(gpus=[0], runner=run_command).read()] == [0]
 
 
-def test_the_nvidia_smi_run_that_chooses_the_backend_is_the_first_read(monkeypatch, scripted_smi):
-    monkeypatch.setitem(sys.modules, "pynvml", None)
-    calls = []
+def test_the_nvidia_smi_run_that_chooses_the_backend_is_the_first_read(scripted_smi):
+    calls_made = []
 
     def counting_runner(argv, timeout=30):
-        calls.append(argv)
+        calls_made.append(argv)
         return run_command(argv, timeout)
 
-    reader = gpu.GpuReader(runner=counting_runner)
+    reader = gpu.GpuReader(runner=counting_runner)  # no driver library on this machine
     assert reader.read() == EXPECTED_GPUS
-    assert len(calls) == 1  # chosen and read with one run
+    assert len(calls_made) == 1  # chosen and read with one run
     assert reader.read() == EXPECTED_GPUS
-    assert len(calls) == 2  # later reads ask again: the GPUs change
+    assert len(calls_made) == 2  # later reads ask again: the GPUs change
 
 
-def test_nvidia_smi_when_pynvml_is_not_installed(monkeypatch, scripted_smi):
-    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
+def test_nvidia_smi_when_the_driver_library_is_absent(scripted_smi):
     reader = gpu.GpuReader()
     assert len(reader.read()) == 2 and reader.backend == "nvidia-smi"
 
 
-@pytest.mark.parametrize("nvml_installed", [False, True])
-def test_no_gpu_at_all_is_empty_not_an_error(monkeypatch, tmp_path, fake_nvml, nvml_installed):
-    fake_nvml.configure(init_error="NVML Shared Library Not Found")
-    if not nvml_installed:
-        monkeypatch.setitem(sys.modules, "pynvml", None)
-    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+def test_no_gpu_at_all_is_empty_not_an_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi, and no libnvidia-ml.so.1 here
     reader = gpu.GpuReader()
     assert reader.read() == [] and reader.compute_processes() == []
     assert reader.backend == "none" and reader.no_gpu_tools is True
-    assert (reader.error is not None) == nvml_installed  # why NVML did not answer, for a preflight
+    assert "libnvidia-ml.so.1" in reader.error  # why NVML did not answer, for a preflight
 
 
-def test_failing_nvidia_smi_is_reported(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml", None)
-
+def test_failing_nvidia_smi_is_reported():
     def runner(argv, timeout=30):
         return 9, "", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
 

@@ -1,6 +1,6 @@
 """The GPU preflight's logic: holders, their units, the plan, the read rate (the model directory: test_model_dir.py).
 
-GPUs come from the faked pynvml (tests/fakes/pynvml.py); /proc is a directory tree written by
+GPUs come from the faked NVML calls (tests/fakes/nvml_api.py); /proc is a directory tree written by
 the test, so PIDs, users and cgroups are exactly the ones described here. No sleeping: the read
 rate is measured with an injected clock.
 """
@@ -18,7 +18,7 @@ MIB = 1024 * 1024
 
 @pytest.fixture
 def nvml():
-    spec = importlib.util.spec_from_file_location("fake_pynvml", os.path.join(FAKES, "pynvml.py"))
+    spec = importlib.util.spec_from_file_location("nvml_api", os.path.join(FAKES, "nvml_api.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -37,8 +37,9 @@ ALLOWED = {
     "preflight": {"common", "host"},
     "python_env": {"common"},
 }
-# Imported only when present, behind an ImportError guard (NVML; nvidia-smi otherwise).
-OPTIONAL = {"host/gpu.py": {"pynvml"}}
+# Imported only when present, behind an ImportError guard. None today: NVML is the driver's own
+# library, bound with ctypes (host/nvml.py).
+OPTIONAL = {}
 
 
 def utils_files():
@@ -97,12 +98,12 @@ def test_modules_import_module_utils_by_fqcn_and_only_basic_from_ansible(path):
             assert module == "ansible.module_utils.basic", "%s imports %s" % (path, module)
 
 
-def test_the_launcher_needs_neither_preflight_nor_python_env_nor_resumable_waits():
+def test_the_launcher_needs_neither_preflight_nor_python_env_nor_followed_waits():
     files = closure(["launcher.launch"])
     assert "launcher/launch.py" in files and "readiness/classifier.py" in files
     assert "readiness/status.py" in files  # the writer of STATUS= uses the reader's definition
     assert not [f for f in files if f.startswith(("preflight/", "python_env/"))]
-    assert "readiness/resume.py" not in files  # only the action plugin's slices need it
+    assert "readiness/follow.py" not in files  # only the module's wait, followed from the controller
 
 
 def test_the_launcher_runs_from_only_what_the_role_installs(tmp_path):
@@ -120,7 +121,7 @@ def test_the_launcher_runs_from_only_what_the_role_installs(tmp_path):
 
 
 # Exceptions that are not failures: control flow the code raises and catches itself.
-SIGNALS = {"launcher/launch.py": {"StopRequested"}}
+SIGNALS = {"launcher/launch.py": {"StopRequested"}, "readiness/follow.py": {"ControllerGone"}}
 
 
 def test_every_exception_of_ours_is_a_modelwake_error():

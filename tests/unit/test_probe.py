@@ -36,7 +36,7 @@ srv.serve_forever()
 
 @pytest.fixture
 def fake_nvml():
-    spec = importlib.util.spec_from_file_location("fake_pynvml", os.path.join(FAKES, "pynvml.py"))
+    spec = importlib.util.spec_from_file_location("nvml_api", os.path.join(FAKES, "nvml_api.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.configure([{"uuid": "GPU-0", "memory_used_mib": 1024, "memory_total_mib": 97887, "utilization": 3}])

@@ -1,10 +1,13 @@
-"""GPU memory and utilisation, through NVML (pynvml from nvidia-ml-py) or nvidia-smi.
+"""GPU memory and utilisation, through NVML (the driver's library, host/nvml.py) or nvidia-smi.
 
-NVML is used when `pynvml` imports and initialises; otherwise `nvidia-smi` answers the same
-questions; with neither (no GPU at all, which is normal for tests and CPU engines) the lists are
-empty. Memory is reported in MiB; utilisation in percent, or None when the driver does not know.
+NVML is used when libnvidia-ml.so.1 loads and initialises: one session per reader, the GPUs'
+handles and UUIDs kept after the first read, so a look costs a few C calls per GPU. Otherwise
+`nvidia-smi` answers the same questions (a fork and ~0.15 s of CPU each); with neither (no GPU at
+all, which is normal for tests and CPU engines) the lists are empty. Memory is reported in MiB;
+utilisation in percent, or None when the driver does not know.
 """
 from ..common.command import run_command
+from .nvml import Nvml
 
 MIB = 1024 * 1024
 
@@ -12,14 +15,6 @@ SMI_GPU_QUERY = ["nvidia-smi", "--query-gpu=index,uuid,memory.used,memory.total,
                  "--format=csv,noheader,nounits"]
 SMI_APPS_QUERY = ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory",
                   "--format=csv,noheader,nounits"]
-
-
-def _import_nvml():
-    try:
-        import pynvml  # pylint: disable=import-outside-toplevel
-    except ImportError:
-        return None
-    return pynvml
 
 
 def _number(text):
@@ -34,13 +29,15 @@ def _number(text):
 class GpuReader(object):
     """Reads the watched GPUs. `gpus` is a list of indices (None = all).
 
-    The backend is chosen on the first read and kept: "nvml", "nvidia-smi" or "none".
+    The backend is chosen on the first read and kept: "nvml", "nvidia-smi" or "none". `nvml` is
+    an object with host/nvml.Nvml's calls (tests pass a fake); by default the driver's library.
     """
 
     def __init__(self, gpus=None, nvml=None, runner=run_command):
         self.gpus = None if gpus is None else set(gpus)
         self.runner = runner
         self._nvml = nvml
+        self._devices = None  # [(index, handle, uuid)] of the watched GPUs, read once per session
         self.backend = None
         self.error = None
         self.no_gpu_tools = False
@@ -51,15 +48,14 @@ class GpuReader(object):
     def _choose(self):
         if self.backend is not None:
             return self.backend
-        nvml = self._nvml if self._nvml is not None else _import_nvml()
-        if nvml is not None:
-            try:
-                nvml.nvmlInit()
-                self._nvml = nvml
-                self.backend = "nvml"
-                return self.backend
-            except Exception as exc:  # NVMLError subclasses: no driver, no library, no GPU
-                self.error = "NVML unavailable: %s" % exc
+        try:
+            nvml = self._nvml if self._nvml is not None else Nvml()
+            nvml.nvmlInit()
+            self._nvml = nvml
+            self.backend = "nvml"
+            return self.backend
+        except Exception as exc:  # NvmlError (no driver, no GPU), or a fake's own error class
+            self.error = "NVML unavailable: %s" % exc
         rc, out, err = self.runner(SMI_GPU_QUERY, 20)
         if rc == 0:
             self.backend = "nvidia-smi"
@@ -86,25 +82,32 @@ class GpuReader(object):
             return self._read_smi()
         return []
 
-    def _nvml_handles(self):
-        """(index, handle) of each watched GPU."""
-        for index in range(self._nvml.nvmlDeviceGetCount()):
-            if self._watched(index):
-                yield index, self._nvml.nvmlDeviceGetHandleByIndex(index)
+    def _nvml_devices(self):
+        """[(index, handle, uuid)] of the watched GPUs: a GPU cannot appear while a driver session
+        lasts, so they are read once."""
+        if self._devices is None:
+            nvml = self._nvml
+            devices = []
+            for index in range(nvml.nvmlDeviceGetCount()):
+                if self._watched(index):
+                    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                    uuid = nvml.nvmlDeviceGetUUID(handle)
+                    devices.append((index, handle, uuid.decode() if isinstance(uuid, bytes) else uuid))
+            self._devices = devices
+        return self._devices
 
     def _read_nvml(self):
         nvml = self._nvml
         found = []
-        for index, handle in self._nvml_handles():
+        for index, handle, uuid in self._nvml_devices():
             mem = nvml.nvmlDeviceGetMemoryInfo(handle)
             try:
                 util = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
             except Exception:  # "Not Supported" on some SKUs and in containers
                 util = None
-            uuid = nvml.nvmlDeviceGetUUID(handle)
             found.append({
                 "index": index,
-                "uuid": uuid.decode() if isinstance(uuid, bytes) else uuid,
+                "uuid": uuid,
                 "memory_used_mib": int(mem.used // MIB),
                 "memory_total_mib": int(mem.total // MIB),
                 "utilization": util,
@@ -138,7 +141,7 @@ class GpuReader(object):
         backend = self._choose()
         if backend == "nvml":
             found = []
-            for index, handle in self._nvml_handles():
+            for index, handle, _uuid in self._nvml_devices():
                 for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle):
                     used = proc.usedGpuMemory  # None when NVML cannot tell (NVML_VALUE_NOT_AVAILABLE)
                     found.append({"index": index, "pid": int(proc.pid),

@@ -1,8 +1,9 @@
-"""A faked `pynvml` (nvidia-ml-py) for unit tests: the machine has no GPU.
+"""NVML's calls as plugins/module_utils/host/nvml.Nvml exposes them, faked in Python, for unit
+tests of what is built on them (the probe, the preflight's holders): pass it as the `nvml`
+argument of GpuReader and describe the GPUs with `configure()`. Values are in bytes like NVML's.
 
-Tests inject it with `monkeypatch.setitem(sys.modules, "pynvml", fake)` or pass it as the `nvml`
-argument of GpuReader, and describe the GPUs with `configure()`. Only the calls modelwake makes
-exist; values are in bytes like the real NVML.
+The binding itself is tested through ctypes against tests/fakes/fake_nvml.c, a fake
+libnvidia-ml.so.1 (tests/unit/test_gpu.py).
 """
 import types
 
@@ -10,7 +11,7 @@ _STATE = {"devices": [], "init_error": None, "initialised": 0}
 
 
 class NVMLError(Exception):
-    """Stands for pynvml.NVMLError (its subclasses carry the NVML return code)."""
+    """Stands for nvml.NvmlError."""
 
 
 def configure(devices=None, init_error=None):

@@ -1,0 +1,148 @@
+"""NVML through ctypes: the driver's own libnvidia-ml.so.1, with nothing installed on the host.
+
+Why not pynvml: Debian 12 has no package for it, and `nvidia-ml-py` would have to be installed on
+every GPU host (or the module run in the engine's venv, tying the wait to the engine's Python).
+The library itself ships with every NVIDIA driver, and the handful of calls a wait makes are a few
+C functions with plain structs. This binding exposes those calls under NVML's own names, so a
+reader of the NVML docs recognises them, and raises NvmlError with NVML's return code and text.
+
+One Nvml object is one NVML session (init() ... shutdown()). The calls cost microseconds (a
+fork of nvidia-smi costs ~0.15 s of CPU); handles are cheap to keep, and GpuReader keeps them.
+"""
+import ctypes
+
+from ..common.errors import ModelWakeError
+
+LIBRARY = "libnvidia-ml.so.1"
+
+SUCCESS = 0
+ERROR_NOT_SUPPORTED = 3
+ERROR_INSUFFICIENT_SIZE = 7
+ERROR_FUNCTION_NOT_FOUND = 13
+# usedGpuMemory when the driver cannot tell (NVML_VALUE_NOT_AVAILABLE, as an unsigned long long).
+VALUE_NOT_AVAILABLE = 2 ** 64 - 1
+UUID_BUFFER_SIZE = 96  # NVML_DEVICE_UUID_V2_BUFFER_SIZE
+
+
+class NvmlError(ModelWakeError):
+    """An NVML call failed: `code` is its nvmlReturn_t (3: Not Supported, 9: Driver Not Loaded),
+    None when the library itself did not load."""
+
+    def __init__(self, function, code, text):
+        self.function = function
+        self.code = code
+        super().__init__("%s: %s" % (function, text) if code is None else
+                         "%s: %s (NVML error %d)" % (function, text, code))
+
+
+class Memory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+class Utilization(ctypes.Structure):
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+class ProcessInfo(ctypes.Structure):
+    """nvmlProcessInfo_t of the _v2 and _v3 calls (the same layout)."""
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+
+class ProcessInfoV1(ctypes.Structure):
+    """nvmlProcessInfo_t of the unversioned call, on drivers older than 450."""
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+class ComputeProcess(object):
+    """One entry of nvmlDeviceGetComputeRunningProcesses: pid, usedGpuMemory (bytes, or None)."""
+
+    def __init__(self, pid, used):
+        self.pid = pid
+        self.usedGpuMemory = None if used == VALUE_NOT_AVAILABLE else used
+
+
+class Nvml(object):
+    """The NVML calls modelwake makes. Loading the library raises NvmlError (code None) when the
+    host has no driver; `library` is a path or a name for the dynamic loader."""
+
+    def __init__(self, library=LIBRARY):
+        try:
+            self._lib = ctypes.CDLL(library)
+        except OSError as exc:
+            raise NvmlError("dlopen", None, "%s (no NVIDIA driver on this host?)" % exc)
+        self._lib.nvmlErrorString.restype = ctypes.c_char_p
+        self._functions = {}
+
+    def _function(self, *names):
+        """The first of `names` the library exports (newer drivers add versioned symbols)."""
+        for name in names:
+            if name not in self._functions:
+                try:
+                    function = getattr(self._lib, name)
+                except AttributeError:
+                    function = None
+                if function is not None:
+                    function.restype = ctypes.c_int
+                self._functions[name] = function
+            if self._functions[name] is not None:
+                return name, self._functions[name]
+        raise NvmlError(names[0], ERROR_FUNCTION_NOT_FOUND, "not exported by this driver's library")
+
+    def _call(self, names, *args):
+        name, function = self._function(*names)
+        code = function(*args)
+        if code != SUCCESS:
+            raise NvmlError(name, code, self._lib.nvmlErrorString(code).decode("utf-8", "replace"))
+        return code
+
+    def nvmlInit(self):
+        self._call(("nvmlInit_v2", "nvmlInit"))
+
+    def nvmlShutdown(self):
+        self._call(("nvmlShutdown",))
+
+    def nvmlDeviceGetCount(self):
+        count = ctypes.c_uint(0)
+        self._call(("nvmlDeviceGetCount_v2", "nvmlDeviceGetCount"), ctypes.byref(count))
+        return count.value
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        handle = ctypes.c_void_p()
+        self._call(("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex"),
+                   ctypes.c_uint(index), ctypes.byref(handle))
+        return handle
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        memory = Memory()
+        self._call(("nvmlDeviceGetMemoryInfo",), handle, ctypes.byref(memory))
+        return memory
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        utilization = Utilization()
+        self._call(("nvmlDeviceGetUtilizationRates",), handle, ctypes.byref(utilization))
+        return utilization
+
+    def nvmlDeviceGetUUID(self, handle):
+        buffer = ctypes.create_string_buffer(UUID_BUFFER_SIZE)
+        self._call(("nvmlDeviceGetUUID",), handle, buffer, ctypes.c_uint(UUID_BUFFER_SIZE))
+        return buffer.value.decode("ascii", "replace")
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        """[ComputeProcess]: asked for the count first, then with room for a few more that may
+        have started in between (as pynvml does)."""
+        name, function = self._function("nvmlDeviceGetComputeRunningProcesses_v3",
+                                        "nvmlDeviceGetComputeRunningProcesses_v2",
+                                        "nvmlDeviceGetComputeRunningProcesses")
+        struct = ProcessInfoV1 if name == "nvmlDeviceGetComputeRunningProcesses" else ProcessInfo
+        count = ctypes.c_uint(0)
+        code = function(handle, ctypes.byref(count), None)
+        if code == SUCCESS:
+            return []
+        if code == ERROR_INSUFFICIENT_SIZE:
+            count.value = count.value * 2 + 5
+            infos = (struct * count.value)()
+            code = function(handle, ctypes.byref(count), infos)
+        if code != SUCCESS:
+            raise NvmlError(name, code, self._lib.nvmlErrorString(code).decode("utf-8", "replace"))
+        return [ComputeProcess(int(infos[i].pid), int(infos[i].usedGpuMemory)) for i in range(count.value)]

@@ -1,0 +1,350 @@
+/*
+ * A fake libnvidia-ml.so.1 for hosts without GPUs: the C symbols modelwake's NVML binding
+ * (plugins/module_utils/host/nvml.py) calls, answering from the same scripted GPU picture as
+ * tests/fakes/nvidia-smi, so the binding is tested through ctypes exactly as on a GPU host.
+ *
+ * Reads ${MODELWAKE_FAKE_GPU_DIR:-/run/modelwake-fake-gpu}:
+ *   gpus.json          {"gpus": [{"index", "uuid", "memory_total_mib", "memory_used_mib",
+ *                                 "utilization_gpu" (null: Not Supported)}, ...]}
+ *   holder-<name>.json {"pid": 1234, "gpus": {"0": {"memory_mib": 76000, "utilization": 0}}}
+ * A holder whose pid is gone (or a zombie) holds nothing, as on a real GPU. The picture is read
+ * again when the directory changed (the writers replace files atomically) or 0.2 s have passed.
+ *
+ * MODELWAKE_FAKE_NVML_INIT_ERROR=<code> makes nvmlInit_v2 fail with that NVML return code (9:
+ * driver not loaded). fakeNvmlCalls(name) tells tests how often a symbol was called.
+ *
+ * Build: cc -shared -fPIC -O2 -o libnvidia-ml.so.1 fake_nvml.c (tests/fakes/fake_nvml.py does).
+ */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define NVML_SUCCESS 0
+#define NVML_ERROR_UNINITIALIZED 1
+#define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define NVML_ERROR_DRIVER_NOT_LOADED 9
+
+#define MAX_GPUS 64
+#define MAX_PROCS 256
+#define MIB (1024ULL * 1024ULL)
+
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; } nvmlProcessInfo_t;
+
+typedef struct {
+    int index;
+    char uuid[96];
+    unsigned long long total_mib, used_mib;
+    int util; /* -1: Not Supported */
+} gpu_t;
+
+typedef struct { unsigned int pid; int gpu; unsigned long long memory_mib; } proc_t;
+
+static gpu_t gpus[MAX_GPUS];
+static int gpu_count = -1;
+static proc_t procs[MAX_PROCS];
+static int proc_count;
+static int initialised;
+static struct timespec dir_mtime, loaded_at;
+
+static const char *names[] = {"nvmlInit_v2", "nvmlShutdown", "nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex_v2",
+                              "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetUUID",
+                              "nvmlDeviceGetComputeRunningProcesses_v3", NULL};
+static int calls[16];
+
+static void count(const char *name) {
+    for (int i = 0; names[i]; i++)
+        if (strcmp(names[i], name) == 0) calls[i]++;
+}
+
+int fakeNvmlCalls(const char *name) {
+    for (int i = 0; names[i]; i++)
+        if (strcmp(names[i], name) == 0) return calls[i];
+    return -1;
+}
+
+static const char *fake_dir(void) {
+    const char *dir = getenv("MODELWAKE_FAKE_GPU_DIR");
+    return dir && *dir ? dir : "/run/modelwake-fake-gpu";
+}
+
+static char *read_file(const char *path) {
+    FILE *file = fopen(path, "r");
+    if (!file) return NULL;
+    size_t size = 0, cap = 4096;
+    char *text = malloc(cap);
+    size_t got;
+    while (text && (got = fread(text + size, 1, cap - size - 1, file)) > 0) {
+        size += got;
+        if (size + 1 == cap) text = realloc(text, cap *= 2);
+    }
+    fclose(file);
+    if (text) text[size] = '\0';
+    return text;
+}
+
+/* The value after "key": within [start, end), whitespace skipped; NULL when absent. These files
+   are written by our own code (json.dump): flat objects, no escaped quotes in the keys read. */
+static const char *value_of(const char *start, const char *end, const char *key) {
+    char quoted[64];
+    snprintf(quoted, sizeof quoted, "\"%s\"", key);
+    for (const char *at = strstr(start, quoted); at && at < end; at = strstr(at + 1, quoted)) {
+        const char *p = at + strlen(quoted);
+        while (*p == ' ' || *p == '\n' || *p == '\t') p++;
+        if (*p != ':') continue;
+        p++;
+        while (*p == ' ' || *p == '\n' || *p == '\t') p++;
+        return p < end ? p : NULL;
+    }
+    return NULL;
+}
+
+static long long number_of(const char *start, const char *end, const char *key, long long fallback) {
+    const char *p = value_of(start, end, key);
+    if (!p || strncmp(p, "null", 4) == 0) return fallback;
+    return strtoll(p, NULL, 10);
+}
+
+static const char *object_end(const char *open) {
+    int depth = 0;
+    for (const char *p = open; *p; p++) {
+        if (*p == '{') depth++;
+        if (*p == '}' && --depth == 0) return p;
+    }
+    return NULL;
+}
+
+static int pid_alive(unsigned int pid) {
+    char path[64], stat[512];
+    snprintf(path, sizeof path, "/proc/%u/stat", pid);
+    FILE *file = fopen(path, "r");
+    if (!file) return 0;
+    size_t got = fread(stat, 1, sizeof stat - 1, file);
+    fclose(file);
+    stat[got] = '\0';
+    char *paren = strrchr(stat, ')');
+    return paren && paren[1] == ' ' && paren[2] != 'Z';
+}
+
+static void load_gpus(const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/gpus.json", dir);
+    char *text = read_file(path);
+    gpu_count = -1;
+    if (!text) return;
+    gpu_count = 0;
+    const char *list = value_of(text, text + strlen(text), "gpus");
+    for (const char *open = list ? strchr(list, '{') : NULL; open && gpu_count < MAX_GPUS; open = strchr(open + 1, '{')) {
+        const char *close = object_end(open);
+        if (!close) break;
+        gpu_t *gpu = &gpus[gpu_count];
+        gpu->index = (int)number_of(open, close, "index", gpu_count);
+        snprintf(gpu->uuid, sizeof gpu->uuid, "GPU-00000000-0000-0000-0000-%012d", gpu->index);
+        const char *uuid = value_of(open, close, "uuid");
+        if (uuid && *uuid == '"') {
+            const char *last = strchr(uuid + 1, '"');
+            if (last && last - uuid - 1 < (long)sizeof gpu->uuid) {
+                memcpy(gpu->uuid, uuid + 1, last - uuid - 1);
+                gpu->uuid[last - uuid - 1] = '\0';
+            }
+        }
+        gpu->total_mib = number_of(open, close, "memory_total_mib", 97887);
+        gpu->used_mib = number_of(open, close, "memory_used_mib", 0);
+        const char *util = value_of(open, close, "utilization_gpu");
+        gpu->util = util && strncmp(util, "null", 4) == 0 ? -1 : (int)number_of(open, close, "utilization_gpu", 0);
+        gpu_count++;
+        open = close;
+    }
+    free(text);
+}
+
+static gpu_t *gpu_by_index(int index) {
+    for (int i = 0; i < gpu_count; i++)
+        if (gpus[i].index == index) return &gpus[i];
+    return NULL;
+}
+
+static void load_holder(const char *path) {
+    char *text = read_file(path);
+    if (!text) return; /* being replaced: like a process that just exited */
+    const char *end = text + strlen(text);
+    long long pid = number_of(text, end, "pid", -1);
+    const char *map = value_of(text, end, "gpus");
+    if (pid > 0 && pid_alive((unsigned int)pid) && map && *map == '{') {
+        const char *map_end = object_end(map);
+        for (const char *key = strchr(map + 1, '"'); key && map_end && key < map_end && proc_count < MAX_PROCS;) {
+            int index = atoi(key + 1);
+            const char *open = strchr(key, '{');
+            const char *close = open ? object_end(open) : NULL;
+            if (!close || close > map_end) break;
+            gpu_t *gpu = gpu_by_index(index);
+            if (gpu) {
+                unsigned long long memory = number_of(open, close, "memory_mib", 0);
+                gpu->used_mib = gpu->used_mib + memory > gpu->total_mib ? gpu->total_mib : gpu->used_mib + memory;
+                if (gpu->util >= 0) {
+                    gpu->util += (int)number_of(open, close, "utilization", 0);
+                    if (gpu->util > 100) gpu->util = 100;
+                }
+                procs[proc_count].pid = (unsigned int)pid;
+                procs[proc_count].gpu = index;
+                procs[proc_count].memory_mib = memory;
+                proc_count++;
+            }
+            key = strchr(close, '"');
+        }
+    }
+    free(text);
+}
+
+static double seconds_between(struct timespec a, struct timespec b) {
+    return (double)(b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9;
+}
+
+static void refresh(void) {
+    const char *dir = fake_dir();
+    struct stat info;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (stat(dir, &info) != 0) {
+        gpu_count = -1;
+        return;
+    }
+    if (gpu_count >= 0 && info.st_mtim.tv_sec == dir_mtime.tv_sec && info.st_mtim.tv_nsec == dir_mtime.tv_nsec &&
+        seconds_between(loaded_at, now) < 0.2)
+        return;
+    dir_mtime = info.st_mtim;
+    loaded_at = now;
+    proc_count = 0;
+    load_gpus(dir);
+    if (gpu_count < 0) return;
+    DIR *listing = opendir(dir);
+    struct dirent *entry;
+    while (listing && (entry = readdir(listing))) {
+        size_t length = strlen(entry->d_name);
+        if (strncmp(entry->d_name, "holder-", 7) == 0 && length > 5 && strcmp(entry->d_name + length - 5, ".json") == 0) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/%s", dir, entry->d_name);
+            load_holder(path);
+        }
+    }
+    if (listing) closedir(listing);
+}
+
+const char *nvmlErrorString(int result) {
+    switch (result) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    default: return "Unknown Error";
+    }
+}
+
+int nvmlInit_v2(void) {
+    count("nvmlInit_v2");
+    const char *error = getenv("MODELWAKE_FAKE_NVML_INIT_ERROR");
+    if (error && *error) return atoi(error);
+    gpu_count = -1;
+    refresh();
+    if (gpu_count < 0) return NVML_ERROR_DRIVER_NOT_LOADED;
+    initialised++;
+    return NVML_SUCCESS;
+}
+
+int nvmlShutdown(void) {
+    count("nvmlShutdown");
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    initialised--;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetCount_v2(unsigned int *device_count) {
+    count("nvmlDeviceGetCount_v2");
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!device_count) return NVML_ERROR_INVALID_ARGUMENT;
+    refresh();
+    *device_count = gpu_count < 0 ? 0 : (unsigned int)gpu_count;
+    return NVML_SUCCESS;
+}
+
+/* A handle is the GPU's position in gpus.json, plus one (never NULL). */
+int nvmlDeviceGetHandleByIndex_v2(unsigned int index, void **device) {
+    count("nvmlDeviceGetHandleByIndex_v2");
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    refresh();
+    if (!device || (int)index >= gpu_count) return NVML_ERROR_INVALID_ARGUMENT;
+    *device = (void *)(size_t)(index + 1);
+    return NVML_SUCCESS;
+}
+
+static gpu_t *device_of(void *device) {
+    size_t position = (size_t)device;
+    refresh();
+    return position >= 1 && (int)position <= gpu_count ? &gpus[position - 1] : NULL;
+}
+
+int nvmlDeviceGetMemoryInfo(void *device, nvmlMemory_t *memory) {
+    count("nvmlDeviceGetMemoryInfo");
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    gpu_t *gpu = device_of(device);
+    if (!gpu || !memory) return NVML_ERROR_INVALID_ARGUMENT;
+    memory->total = gpu->total_mib * MIB;
+    memory->used = gpu->used_mib * MIB;
+    memory->free = memory->total - memory->used;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetUtilizationRates(void *device, nvmlUtilization_t *utilization) {
+    count("nvmlDeviceGetUtilizationRates");
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    gpu_t *gpu = device_of(device);
+    if (!gpu || !utilization) return NVML_ERROR_INVALID_ARGUMENT;
+    if (gpu->util < 0) return NVML_ERROR_NOT_SUPPORTED;
+    utilization->gpu = (unsigned int)gpu->util;
+    utilization->memory = (unsigned int)gpu->util / 2;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetUUID(void *device, char *uuid, unsigned int length) {
+    count("nvmlDeviceGetUUID");
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    gpu_t *gpu = device_of(device);
+    if (!gpu || !uuid) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(gpu->uuid) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(uuid, gpu->uuid);
+    return NVML_SUCCESS;
+}
+
+/* As the real call: with too small a buffer, INSUFFICIENT_SIZE and the count needed. */
+int nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int *info_count, nvmlProcessInfo_t *infos) {
+    count("nvmlDeviceGetComputeRunningProcesses_v3");
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    gpu_t *gpu = device_of(device);
+    if (!gpu || !info_count) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int found = 0;
+    for (int i = 0; i < proc_count; i++)
+        if (procs[i].gpu == gpu->index) found++;
+    if (found > *info_count || (found && !infos)) {
+        *info_count = found;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    unsigned int n = 0;
+    for (int i = 0; i < proc_count; i++) {
+        if (procs[i].gpu != gpu->index) continue;
+        infos[n].pid = procs[i].pid;
+        infos[n].usedGpuMemory = procs[i].memory_mib * MIB;
+        infos[n].gpuInstanceId = 0xFFFFFFFF;
+        infos[n].computeInstanceId = 0xFFFFFFFF;
+        n++;
+    }
+    *info_count = n;
+    return NVML_SUCCESS;
+}
