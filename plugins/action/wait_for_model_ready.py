@@ -4,37 +4,49 @@
 
 A module cannot print while it runs: Ansible shows its result when it ends, so a 20-minute start
 would be 20 minutes of silence. This plugin, which Ansible picks for every task that uses the
-module (same name), calls the module in slices of `modelwake_progress_interval` seconds (default
-25): each call observes for one slice and keeps the wait's state in a 0600 file on the host
-(plugins/module_utils/readiness/resume.py), and between calls one line per host is printed, without -v:
+module (same name), starts the module once: it checks its input and leaves the wait to a detached
+process on the host, which writes its latest look to a 0600 file (plugins/module_utils/readiness/
+follow.py). Every `modelwake_progress_interval` seconds (default 25) the plugin reads that file with
+one shell command, which returns at once when the wait ends, and prints one line per host, without -v:
 
     wait_for_model_ready [k26-1]: loading 1m40s | read 1.2 GiB / 2.0 GiB (61 %) at 50.0 MiB/s |
     shards 39/64 | ETA 16s | GPU x8 240.0 GiB / 764.7 GiB | log: Loading safetensors checkpoint ...
 
 The final result is the one a single long call returns (same keys, `elapsed` from the true start,
-all phases). No slicing with task-level `async` (the module then runs in the background as
-before) or with `modelwake_progress_interval: 0`; `timeout: 0` looks once and prints nothing.
+all phases), plus `progress`: the last line, for a stdout callback that prints only results. The
+lines go to stdout with the default callback and to stderr with any other, so that a
+machine-readable stdout (the json callback) stays intact. No following with task-level `async` (the
+module then runs in the background as before) or with `modelwake_progress_interval: 0`; `timeout: 0`
+and check mode look once and print nothing.
 """
 from __future__ import annotations
 
+import json
+import shlex
+
+from ansible import constants as C
 from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 from ansible.utils.vars import merge_hash
 from ansible_collections.modelwake.serving.plugins.module_utils.common.formatting import MIB, duration, size
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.follow import (CLEANUP_COMMAND,
+                                                                                          FOLLOW_COMMAND, parse_read)
 
 display = Display()
 
-# Seconds each call observes. Below 30, so that with the call's own overhead (a look, starting
-# the module again: about 1 s locally) a line comes at least every 30 s; as long as that allows,
-# because each start of the module costs the host about 0.2 s of CPU (measured: 0.8 % of a core
-# at 25 s, on top of the looks).
+# Seconds between two reads of the wait's progress: a line at least every 30 s with the read's own
+# round trip. A read is one shell command on the host (a few ms of CPU), not a Python start.
 DEFAULT_PROGRESS_INTERVAL = 25
 INTERVAL_VAR = "modelwake_progress_interval"
+# Callbacks whose stdout is for people: progress lines go there; with any other, to stderr.
+HUMAN_CALLBACKS = ("default", "ansible.builtin.default", "minimal", "ansible.builtin.minimal",
+                   "oneline", "ansible.builtin.oneline", "yaml", "community.general.yaml",
+                   "dense", "community.general.dense", "debug", "community.general.debug")
 
 
 def progress_line(host, result, info):
-    """One line about one host's wait, from a slice's result and its `_slice` info."""
+    """One line about one host's wait, from a look's result and its progress info."""
     parts = ["%s %s" % (result.get("phase"), duration(result.get("elapsed") or 0))]
     read, expected = result.get("bytes_read"), info.get("expected_bytes")
     if read is not None:
@@ -77,6 +89,27 @@ def progress_interval(value):
     return interval
 
 
+def lines_to_stderr(callback=None):
+    """Whether progress lines must stay off stdout: the stdout callback is not one for people."""
+    callback = callback if callback is not None else C.DEFAULT_STDOUT_CALLBACK
+    return callback not in HUMAN_CALLBACKS
+
+
+def ended_without_verdict(state, data, follow):
+    """The result of a wait whose process on the host ended before it wrote its verdict."""
+    last = (data or {}).get("result") or {}
+    elapsed = last.get("elapsed", 0)
+    if state == "rebooted":
+        msg = ("failed: the host rebooted during the wait (boot id %s): the server start it watched is gone"
+               % follow.get("boot_id"))
+    elif data is None:
+        msg = "failed: the wait's file on the host (%s) is gone: its temporary files were cleaned" % follow["path"]
+    else:
+        msg = ("failed: the wait's process on the host (pid %s) ended without a verdict (killed?), in phase %s"
+               % (follow["pid"], last.get("phase")))
+    return dict(last, failed=True, phase="failed", msg=msg, elapsed=elapsed)
+
+
 def with_phase(reply):
     """The module's reply, with the phase and elapsed its RETURN docs promise on every failure.
 
@@ -106,23 +139,56 @@ class ActionModule(ActionBase):
                 self._remove_tmp_path(self._connection._shell.tmpdir)
             return result
         host = task_vars.get("inventory_hostname", "?")
-        resume = {"slice": interval, "state_path": None}
         try:
-            while True:
-                reply = self._execute_module(module_args=dict(self._task.args, _resume=resume),
-                                             task_vars=task_vars)
-                # A result without it comes from a failure before or outside the wait (bad
-                # input, a crash of the module): final as it is.
-                info = reply.pop("_slice", None)
-                if not info or info["done"]:
-                    break
-                resume = dict(resume, state_path=info["state_path"])
-                if self._task.no_log:
-                    # The log line and the numbers are part of the result no_log hides.
-                    display.display("wait_for_model_ready [%s]: waiting, %s (details hidden: no_log)"
-                                    % (host, duration(reply.get("elapsed") or 0)))
-                else:
-                    display.display(progress_line(host, reply, info))
+            reply = self._execute_module(module_args=dict(self._task.args, _follow={"interval": interval}),
+                                         task_vars=task_vars)
+            follow = reply.pop("_follow", None)
+            if follow:
+                reply = self._follow(host, follow, interval)
         finally:
             self._remove_tmp_path(self._connection._shell.tmpdir)
         return merge_hash(result, with_phase(reply))
+
+    def _follow(self, host, follow, interval):
+        """Read the wait's file every interval until it holds the verdict; print a line each time."""
+        quoted = dict((key, shlex.quote(str(value))) for key, value in follow.items())
+        read = FOLLOW_COMMAND.format(interval=int(max(1, round(interval))), **quoted)
+        to_stderr = lines_to_stderr()
+        line = None
+        done = False
+        try:
+            while True:
+                answer = self._low_level_execute_command(read, sudoable=True)
+                state, data = parse_read(answer.get("stdout", ""), follow)
+                if state == "done":
+                    done = True
+                    reply = data["result"]
+                    line = progress_line(host, reply, data.get("info") or {})
+                    break
+                if state != "running":
+                    done = True
+                    reply = ended_without_verdict(state, data, follow)
+                    break
+                if not data:
+                    continue
+                if self._task.no_log:
+                    # The log line and the numbers are part of the result no_log hides.
+                    line = "wait_for_model_ready [%s]: waiting, %s (details hidden: no_log)" % (
+                        host, duration(data["result"].get("elapsed") or 0))
+                else:
+                    line = progress_line(host, data["result"], data.get("info") or {})
+                display.display(line, stderr=to_stderr)
+        finally:
+            # Interrupted (the connection lost, the play stopped): the wait must not go on looking
+            # on the host for nobody. Best effort: without a connection, its lease ends it.
+            cleanup = CLEANUP_COMMAND.format(**quoted)
+            if not done:
+                cleanup = "kill %s 2>/dev/null; %s" % (quoted["pid"], cleanup)
+            try:
+                self._low_level_execute_command(cleanup, sudoable=True)
+            except Exception as exc:  # pylint: disable=broad-except
+                display.vvv("wait_for_model_ready [%s]: could not clean up the wait's files: %s" % (host, exc))
+        reply.setdefault("changed", False)
+        if line and not self._task.no_log:
+            reply["progress"] = line.split(": ", 1)[1]
+        return reply

@@ -20,7 +20,12 @@ description:
     C(nvidia-smi), the engine's log lines (journald or a file), systemd's unit state, and HTTP
     answers. A silent phase with CPU or disk activity is never stalled; a hang is reported once
     I(stall_timeout) passes with no progress on any signal; a crash is reported within one poll.
-  - Runs on the managed host with the Python standard library alone; C(pynvml) is used when present.
+  - Runs on the managed host with the Python standard library alone. GPUs are read through NVML, the
+    driver's own C(libnvidia-ml.so.1) bound with ctypes (nothing to install), else C(nvidia-smi).
+  - With live progress (the action plugin, C(modelwake_progress_interval), on by default), the module
+    checks its input and leaves the wait to one detached process of its own on the host; the
+    controller reads that process's latest look with one shell command per interval, which returns
+    at once when the wait ends. A wait nobody reads any more ends by itself.
 version_added: "1.0.0"
 author: modelwake contributors (@modelwake)
 options:
@@ -136,19 +141,17 @@ options:
         it began (I(stall_timeout) + 2 x I(poll_interval) + I(stacks_interval) when that is longer).
     type: float
     default: 0
-  _resume:
+  _follow:
     description:
-      - Internal; set only by this module's action plugin, which waits in slices to print progress
-        between them. Never set it in a task.
+      - Internal; set only by this module's action plugin, which prints progress while it waits. The
+        module checks its input, leaves the wait to a detached process of its own and returns; the
+        plugin follows that process over the connection. Never set it in a task.
     type: dict
     suboptions:
-      slice:
-        description: Seconds this call observes before it returns.
+      interval:
+        description: Seconds between two reads of the wait's progress by the controller.
         type: float
         required: true
-      state_path:
-        description: The wait's state file on the host, from the previous slice; none for the first.
-        type: path
 notes:
   - Supports check mode. The module only observes, so it runs normally in check mode.
   - The task fails unless the phase is C(ready); with I(timeout=0) it never fails on the phase.
@@ -304,6 +307,22 @@ where:
   type: str
   sample: "TP0-6 in all_reduce (parallel_state.py:512) for 10m00s; TP7 state T (stopped) in load_weights (loader.py:449)
     for 10m00s - the odd one out"
+progress:
+  description:
+    - The last progress line the action plugin printed, without its host prefix, for a stdout callback
+      that shows only results. Only when the wait was followed with live progress.
+  returned: when followed
+  type: str
+  sample: "ready 16m40s | read 548.0 GiB / 548.0 GiB (100 %) at 575.0 MiB/s | shards 64/64 | GPU x8 612.0 GiB / 764.7 GiB"
+cost:
+  description:
+    - What the wait cost the host in CPU seconds - C(startup_cpu_s) (the module's process - the interpreter,
+      Ansible's wrapper, the input checks), C(looks_cpu_s) (the detached wait's own process, all its looks),
+      C(gpu_read_cpu_s) (the GPU reads among them), C(programs_cpu_s) (programs it ran - journalctl,
+      systemctl, py-spy, nvidia-smi) and C(looks), their number. Only when the wait was followed with live progress.
+  returned: when followed
+  type: dict
+  sample: {"startup_cpu_s": 0.21, "looks": 25, "looks_cpu_s": 0.09, "gpu_read_cpu_s": 0.002, "programs_cpu_s": 0.0}
 stacks_unavailable:
   description: Why the latest read of the stacks got none (py-spy not installed, not permitted), or empty.
   returned: always
@@ -315,7 +334,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.config import build_config
 from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import ModelWakeError
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.probe import HostProbe
-from ansible_collections.modelwake.serving.plugins.module_utils.readiness.resume import wait_slice
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness import follow
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.waiter import wait_for_ready
 
 ARGUMENT_SPEC = dict(
@@ -340,10 +359,9 @@ ARGUMENT_SPEC = dict(
 )
 
 # Set only by the action plugin of the same name (plugins/action/wait_for_model_ready.py), which
-# waits in slices to print progress between them: {"slice": seconds, "state_path": path or None}.
+# follows the wait from the controller (plugins/module_utils/readiness/follow.py): {"interval": s}.
 INTERNAL_ARGUMENT_SPEC = dict(
-    _resume=dict(type="dict", options=dict(slice=dict(type="float", required=True),
-                                           state_path=dict(type="path"))),
+    _follow=dict(type="dict", options=dict(interval=dict(type="float", required=True))),
 )
 
 
@@ -353,7 +371,7 @@ def main():
         supports_check_mode=True,  # it only observes; in check mode it looks once
     )
     # Popped, so the result's invocation is the same as without the action plugin.
-    resume = module.params.pop("_resume")
+    follow_options = module.params.pop("_follow")
     # Checked here rather than by AnsibleModule, so that this failure too returns phase and elapsed.
     if (module.params["unit"] is None) == (module.params["pid"] is None):
         module.fail_json(msg="exactly one of unit and pid is required (got %s)" % (
@@ -361,11 +379,12 @@ def main():
     if module.check_mode:
         module.params["timeout"] = 0
     try:
-        if resume:
-            result = wait_slice(module.params, resume)
-        else:
-            config = build_config(module.params)
-            result = wait_for_ready(config, HostProbe(config))
+        config = build_config(module.params)
+        probe = HostProbe(config)
+        if follow_options and config.timeout:
+            # Checked input, a probe that found the server: the rest of the wait runs detached.
+            module.exit_json(changed=False, _follow=follow.start(config, probe, follow_options["interval"]))
+        result = wait_for_ready(config, probe)
     except ModelWakeError as exc:
         module.fail_json(msg=str(exc), phase="failed", elapsed=getattr(exc, "elapsed", 0))
     # Through warn(): passing `warnings` to exit_json is deprecated in ansible-core 2.19.

@@ -1,5 +1,7 @@
-"""Live progress under real ansible-playbook: the action plugin prints a line per host between
-slices of the wait, without -v, and ends with the result one long module call gives.
+"""Live progress under real ansible-playbook: the action plugin starts the module once, follows the
+wait it leaves on the host, prints a line per host every interval without -v, and ends with the
+result one long module call gives. The GPUs are read through NVML (ctypes) from a fake
+libnvidia-ml.so.1 on LD_LIBRARY_PATH, as the driver's library is found on a GPU host.
 
 Every simulated engine runs in its own process group on a free loopback port with a 64 MiB model
 and a start of about 16 s (8 s of reading) (SimRunner kills each group afterwards, whatever the outcome); the
@@ -15,6 +17,9 @@ import sys
 import pytest
 
 from simharness import ROOT, SimRunner, make_model
+
+sys.path.insert(0, os.path.join(ROOT, "tests", "fakes"))
+import fake_nvml  # noqa: E402
 
 PLAYBOOK_BIN = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
 SECRET = "sk-live-progress-secret-5c2e"
@@ -48,6 +53,11 @@ WAIT_TASK = """
 
 
 @pytest.fixture(scope="module")
+def nvml_dir(tmp_path_factory):
+    return os.path.dirname(fake_nvml.build(str(tmp_path_factory.mktemp("fake-nvml"))))
+
+
+@pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return make_model(tmp_path_factory.mktemp("model"), size_mib=64, shards=8)
 
@@ -71,14 +81,15 @@ def start_sim(tmp_path, gpu_dir, model_dir):
 
 
 @pytest.fixture
-def playbook(tmp_path, gpu_dir, model_dir):
-    def run(sims, tasks, *args):
-        return run_playbook(tmp_path, gpu_dir, model_dir, sims, tasks, *args)
+def playbook(tmp_path, gpu_dir, model_dir, nvml_dir):
+    def run(sims, tasks, *args, **env):
+        return run_playbook(tmp_path, gpu_dir, model_dir, nvml_dir, sims, tasks, *args, **env)
     return run
 
 
-def run_playbook(tmp_path, gpu_dir, model_dir, sims, tasks, *args):
-    """ansible-playbook on one localhost alias per sim; returns (rc, stdout, {host: result})."""
+def run_playbook(tmp_path, gpu_dir, model_dir, nvml_dir, sims, tasks, *args, **env_overrides):
+    """ansible-playbook on one localhost alias per sim; returns (rc, stdout, {host: result}), with
+    stderr in stdout unless env_overrides ask for another stdout callback (then stdout, stderr)."""
     inventory = tmp_path / "inventory.ini"
     lines = ["[sims]"]
     for host, sim in sims.items():
@@ -91,19 +102,23 @@ def run_playbook(tmp_path, gpu_dir, model_dir, sims, tasks, *args):
     playbook.write_text("- name: Wait for the simulated engines\n  hosts: sims\n  gather_facts: false\n"
                         "  tasks:\n" + tasks)
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="default",
-               ANSIBLE_NOCOLOR="1", MODELWAKE_FAKE_GPU_DIR=gpu_dir,
-               PATH=os.path.join(ROOT, "tests", "fakes") + os.pathsep + os.environ["PATH"])
+               ANSIBLE_NOCOLOR="1", MODELWAKE_FAKE_GPU_DIR=gpu_dir, LD_LIBRARY_PATH=nvml_dir)
+    env.update(env_overrides)
+    separate = "ANSIBLE_STDOUT_CALLBACK" in env_overrides
     # The key goes in as an extra var, as a vault variable would: never on the command line's output.
     extra = tmp_path / "secret.json"
     extra.write_text(json.dumps({"sim_api_key": SECRET}))
     proc = subprocess.run([PLAYBOOK_BIN, "-i", str(inventory), "-e", "@%s" % extra, str(playbook)] + list(args),
-                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE if separate else subprocess.STDOUT,
                           universal_newlines=True, timeout=300)
     results = {}
     for host in sims:
         path = tmp_path / ("%s.result.json" % host)
         if path.exists():
             results[host] = json.loads(path.read_text())
+    if separate:
+        return proc.returncode, (proc.stdout, proc.stderr), results
     return proc.returncode, proc.stdout, results
 
 
@@ -119,7 +134,7 @@ def test_two_hosts_each_print_progress_and_end_with_the_result_of_one_long_call(
     for host in sims:
         lines = progress_lines(stdout, host)
         assert len(lines) >= 2, stdout
-        # A line every slice (2 s here) plus a poll and the module's restart, not at the end only.
+        # A line every interval (2 s here) plus a read's round trip, not at the end only.
         elapsed = [int(m.group("elapsed").rstrip("s")) for m in lines]
         # (Bounds sized for a 2-core CI box that runs other tests' engines at the same time.)
         assert elapsed == sorted(elapsed) and max(b - a for a, b in zip(elapsed, elapsed[1:])) <= 10, stdout
@@ -133,13 +148,15 @@ def test_two_hosts_each_print_progress_and_end_with_the_result_of_one_long_call(
         assert result["phase"] == "ready" and result["failed"] is False
         assert [p["phase"] for p in result["phases"]][-3:] == ["loading", "initializing", "ready"], result
         assert result["pid"] == sims[host].pid
-        # One long wait's timeline: elapsed from the true start, more than any one slice.
+        # One long wait's timeline: elapsed from the true start, more than any one interval.
         assert result["elapsed"] >= 6 and result["phases"][-1]["start"] >= 6
-        assert "_slice" not in result and "_resume" not in json.dumps(result)
+        assert "_follow" not in json.dumps(result)
+        # The last line is in the result too, for callbacks that print only results.
+        assert result["progress"].startswith("ready ") and "GPU x2 " in result["progress"]
         looks = [json.loads(line) for line in (tmp_path / ("%s.progress.jsonl" % host)).read_text().splitlines()]
         times = [look["snapshot"]["t"] for look in looks]
-        # progress_path: one line per look across all slices, none repeated, and no gap longer than
-        # a poll (1 s) plus a look and a restart of the module on a busy 2-core machine.
+        # progress_path: one line per look, none repeated, and no gap longer than a poll (1 s) plus
+        # a look on a busy 2-core machine.
         assert times == sorted(set(times)) and times[0] < 1
         assert round(times[-1], 1) == result["phases"][-1]["start"]  # the same clock as the result's
         assert max(b - a for a, b in zip(times, times[1:])) < 8
@@ -150,10 +167,28 @@ def test_two_hosts_each_print_progress_and_end_with_the_result_of_one_long_call(
     rc, stdout, plain = playbook(single, WAIT_TASK, "-e", "modelwake_progress_interval=0")
     assert rc == 0, stdout
     assert progress_lines(stdout, "sim-c") == []
-    sliced_result, plain_result = results["sim-a"], plain["sim-c"]
-    assert sorted(sliced_result) == sorted(plain_result)
-    assert dict((k, type(v)) for k, v in sliced_result.items()) == dict((k, type(v)) for k, v in plain_result.items())
-    assert [p["phase"] for p in sliced_result["phases"]] == [p["phase"] for p in plain_result["phases"]]
+    followed, plain_result = dict(results["sim-a"]), plain["sim-c"]
+    assert "progress" not in plain_result and followed.pop("progress")
+    # What the wait cost the host, in the followed wait's result only.
+    cost = followed.pop("cost")
+    assert cost["looks"] == len((tmp_path / "sim-a.progress.jsonl").read_text().splitlines())
+    assert 0 < cost["startup_cpu_s"] < 5 and 0 < cost["looks_cpu_s"] < 30 and cost["gpu_read_cpu_s"] <= cost["looks_cpu_s"]
+    assert sorted(followed) == sorted(plain_result)
+    assert dict((k, type(v)) for k, v in followed.items()) == dict((k, type(v)) for k, v in plain_result.items())
+    assert [p["phase"] for p in followed["phases"]] == [p["phase"] for p in plain_result["phases"]]
+
+
+def test_with_the_json_callback_stdout_parses_and_the_lines_go_to_stderr(tmp_path, playbook, start_sim):
+    sims = {"sim-json": start_sim()}
+    rc, (stdout, stderr), results = playbook(sims, WAIT_TASK, "-e", "modelwake_progress_interval=2",
+                                             ANSIBLE_STDOUT_CALLBACK="results_json",
+                                             ANSIBLE_CALLBACK_PLUGINS=os.path.join(ROOT, "tests", "plugins", "callback"))
+    assert rc == 0, stderr
+    document = json.loads(stdout)  # the whole of stdout: not one progress line in it
+    wait = document["plays"][0]["tasks"][0]["hosts"]["sim-json"]
+    assert wait["phase"] == "ready" and wait["progress"].startswith("ready ")
+    assert len(progress_lines(stderr, "sim-json")) >= 2, stderr
+    assert SECRET not in stdout and SECRET not in stderr
 
 
 def test_a_crash_keeps_its_message_and_evidence_after_progress_lines(tmp_path, playbook, start_sim):

@@ -61,3 +61,26 @@ def test_every_failure_gets_the_phase_and_elapsed_the_docs_promise():
     stalled = {"failed": True, "msg": "stalled: ...", "phase": "stalled", "elapsed": 640}
     assert action.with_phase(stalled) == stalled
     assert action.with_phase({"phase": "ready", "elapsed": 3}) == {"phase": "ready", "elapsed": 3}
+
+
+@pytest.mark.parametrize("callback,to_stderr", [("default", False), ("ansible.builtin.default", False),
+                                                ("community.general.yaml", False), ("ansible.posix.json", True),
+                                                ("json", True), ("ansible.posix.jsonl", True), ("awx_display", True)])
+def test_lines_stay_off_a_machine_readable_stdout(callback, to_stderr):
+    assert action.lines_to_stderr(callback) is to_stderr
+
+
+FOLLOW = {"path": "/run/modelwake/modelwake-wait-x.json", "fifo": "/run/modelwake/modelwake-wait-x.fifo",
+          "pid": 4321, "boot_id": "boot-a"}
+LAST = {"done": False, "result": {"phase": "loading", "elapsed": 95, "bytes_read": 10}}
+
+
+def test_a_wait_that_ended_without_a_verdict_keeps_its_last_look_and_says_why():
+    rebooted = action.ended_without_verdict("rebooted", None, FOLLOW)
+    assert rebooted["failed"] is True and rebooted["phase"] == "failed" and rebooted["elapsed"] == 0
+    assert rebooted["msg"].startswith("failed: the host rebooted during the wait (boot id boot-a)")
+    killed = action.ended_without_verdict("gone", LAST, FOLLOW)
+    assert killed["elapsed"] == 95 and killed["bytes_read"] == 10
+    assert "pid 4321" in killed["msg"] and "in phase loading" in killed["msg"]
+    cleaned = action.ended_without_verdict("gone", None, FOLLOW)
+    assert FOLLOW["path"] in cleaned["msg"]

@@ -461,14 +461,3 @@ def test_fatal_lines_in_a_file_tail_count_only_when_they_follow_a_run_start(cont
 
 
 # -- state persistence --------------------------------------------------------------------------
-
-def test_state_survives_a_json_round_trip_between_one_shot_looks():
-    cfg = config(engine="vllm", stall_timeout=15)
-    snaps = list(vllm_cpu_start())
-    whole = [v.to_dict() for _t, v in replay(cfg, snaps, stop_at_terminal=False)]
-    first = Classifier(cfg)
-    resumed = [first.observe(s).to_dict() for s in snaps[:12]]
-    state = json.loads(json.dumps(first.state_dict()))
-    second = Classifier.from_state(cfg, state)
-    resumed += [second.observe(s).to_dict() for s in snaps[12:]]
-    assert resumed == whole

@@ -81,24 +81,6 @@ class FileTailer(object):
         lines, self.partial = split_records(self.partial + data)
         return lines
 
-    def state_dict(self):
-        """Where reading stopped, as JSON-able data, for a wait continued in a later call."""
-        return {"inode": self.inode, "offset": self.handle.tell() if self.handle is not None else None,
-                "partial": self.partial.decode("latin-1"), "first": self.first}
-
-    def restore(self, state):
-        """Continue where state_dict() stopped. A file rotated since then is read from its start
-        (the rest of the old file is not followed); one truncated since then, too."""
-        self.first = state["first"]
-        if state["offset"] is None:
-            return
-        self._open(from_end=False)
-        if self.handle is None:
-            return  # gone: read_new() reads its successor from the start
-        if self.inode == state["inode"] and os.fstat(self.handle.fileno()).st_size >= state["offset"]:
-            self.handle.seek(state["offset"])
-            self.partial = state["partial"].encode("latin-1")
-
 
 def decode_message(message):
     """journald's MESSAGE: a string, or a list of byte values when it holds control characters."""
@@ -157,12 +139,3 @@ class JournalReader(object):
                 lines.append(rest.decode("utf-8", "replace"))
         return lines
 
-    STATE_FIELDS = ("cursor", "first", "since_epoch", "invocation_id", "error")
-
-    def state_dict(self):
-        """The cursor and what the first read decided, for a wait continued in a later call."""
-        return dict((name, getattr(self, name)) for name in self.STATE_FIELDS)
-
-    def restore(self, state):
-        for name in self.STATE_FIELDS:
-            setattr(self, name, state[name])

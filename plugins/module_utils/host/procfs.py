@@ -11,7 +11,6 @@ Why these counters:
   a new buffer per kernel) faults pages in; a rank spinning in a busy-wait touches none. With the
   ranks' stacks, this tells the two apart (readiness/classifier.py).
 """
-import copy
 import glob
 import os
 
@@ -160,19 +159,6 @@ class TreeCounter(object):
                     self.read_bytes_known = True
             self.last[key] = {"own": own, "reaped": reaped, "rbytes": rbytes}
         return (self.cpu_ticks / float(CLK_TCK), self.read_bytes if self.read_bytes_known else None)
-
-    STATE_FIELDS = ("last", "cpu_ticks", "read_bytes", "read_bytes_known", "cpu_debt", "read_debt")
-
-    def state_dict(self):
-        """The totals and per-process values as JSON-able data, for a wait continued in a later call."""
-        return dict((name, copy.deepcopy(getattr(self, name))) for name in self.STATE_FIELDS)
-
-    @classmethod
-    def from_state(cls, state):
-        counter = cls()
-        for name in cls.STATE_FIELDS:
-            setattr(counter, name, copy.deepcopy(state[name]))
-        return counter
 
     def _pay(self, increase, debt_name):
         debt = getattr(self, debt_name)

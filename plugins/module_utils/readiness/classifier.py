@@ -25,9 +25,6 @@ count, and the CPU it burnt since its stack was first seen there is taken back, 
 clock runs from the last read that saw it move. Legitimate silent work from one call site (a
 layer-by-layer repack, one JIT'd kernel per layer) looks the same from one read to the next but
 works on fresh buffers: its page faults keep it progress. Without stacks, CPU counts as before.
-
-The state is a small JSON-able dict (state_dict / from_state), so a caller can persist it
-between one-shot looks.
 """
 import copy
 import dataclasses
@@ -85,9 +82,9 @@ STATE_WORDS = {"T": "stopped", "t": "stopped by a tracer", "D": "in uninterrupti
 
 
 class Classifier(object):
-    def __init__(self, config, state=None):
+    def __init__(self, config):
         self.config = config
-        self.state = state if state is not None else {
+        self.state = {
             "engine": config.engine,
             "t0": None, "t_prev": None,
             "phase": None, "phases": [],
@@ -106,18 +103,11 @@ class Classifier(object):
             "cpu_pid_prev": {}, "noncpu_progress_t": None, "noncpu_progress": None,
         }
 
-    def state_dict(self):
-        return copy.deepcopy(self.state)
-
     @property
     def completion_hung(self):
         """The last look's completion timed out, and it was the first to, or nothing moved since
         the one before: the next look may ask with a short timeout."""
         return bool(self.state.get("completion_hung"))
-
-    @classmethod
-    def from_state(cls, config, state):
-        return cls(config, copy.deepcopy(state))
 
     def stacks_due(self, t):
         """Whether the look at `t` should read the ranks' stacks: the last look saw nothing move

@@ -89,11 +89,8 @@ def _number(params, name, minimum, strict=False):
     return value
 
 
-def build_config(params, proc_root="/proc", resuming=False):
-    """A WaitConfig from the module's parameters; raises InputError naming the bad field.
-
-    resuming: a later slice of a wait that began with these parameters; the pid was checked
-    then, and a server that died since is the classifier's verdict, not bad input."""
+def build_config(params, proc_root="/proc"):
+    """A WaitConfig from the module's parameters; raises InputError naming the bad field."""
     url = params.get("url") or ""
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -116,7 +113,7 @@ def build_config(params, proc_root="/proc", resuming=False):
     if pid is not None:
         if pid <= 0:
             raise InputError("pid", "must be a positive process id, got %s" % pid)
-        if not resuming and not os.path.exists(os.path.join(proc_root, str(pid))):
+        if not os.path.exists(os.path.join(proc_root, str(pid))):
             raise InputError("pid", "no process with pid %d is running on this host; give the "
                                     "server's current pid or use unit" % pid)
     config = WaitConfig(

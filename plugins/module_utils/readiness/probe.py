@@ -1,4 +1,6 @@
 """HostProbe: gathers one Snapshot from the host (processes, unit, GPUs, logs, HTTP)."""
+import time
+
 from ..host import http_probe, procfs, systemd
 from ..common.command import run_command
 from ..common.errors import InputError
@@ -10,15 +12,15 @@ from .snapshot import Snapshot
 
 class HostProbe(object):
     """Reads every signal the config names. Construct it after validation: it checks that the
-    unit exists (or remembers the identity of the pid) and raises InputError otherwise. With
-    `state` (state_dict() of the probe of an earlier call of the same wait) it continues that one."""
+    unit exists (or remembers the identity of the pid) and raises InputError otherwise."""
 
-    def __init__(self, config, runner=run_command, proc_root="/proc", nvml=None, state=None):
+    def __init__(self, config, runner=run_command, proc_root="/proc", nvml=None):
         self.config = config
         self.runner = runner
         self.proc_root = proc_root
         self.counter = procfs.TreeCounter()
         self.gpus = GpuReader(config.gpus, nvml=nvml, runner=runner)
+        self.gpu_cpu_s = 0.0  # this process's CPU seconds in GPU reads (what the wait's cost report splits out)
         self.stacks = StackReader(config.py_spy, runner=runner, proc_root=proc_root)
         self.sources = []
         self.journal = None
@@ -33,7 +35,7 @@ class HostProbe(object):
             self.journal = JournalReader(config.unit, runner=runner,
                                          invocation_id=props.get("InvocationID") or None)
             self.sources.append(self.journal)
-        elif state is None:
+        else:
             root = procfs.read_process(config.pid, proc_root)
             if procfs.is_gone(root):
                 raise InputError("pid", "no process with pid %d is running on this host" % config.pid)
@@ -41,22 +43,6 @@ class HostProbe(object):
             self.root_start = root["starttime"]
         if config.log_path:
             self.sources.append(FileTailer(config.log_path))
-        if state is not None:
-            self._restore(state)
-
-    def state_dict(self):
-        """What a later call needs to continue this probe (a wait in slices): the server's
-        identity, the tree's counters, where each log source stopped. JSON-able."""
-        return {"root_start": self.root_start, "counter": self.counter.state_dict(),
-                "sources": [source.state_dict() for source in self.sources]}
-
-    def _restore(self, state):
-        # The server was identified when the wait began; it may have died since, and that is
-        # the classifier's verdict to give, not bad input: so no identity check here.
-        self.root_start = state["root_start"]
-        self.counter = procfs.TreeCounter.from_state(state["counter"])
-        for source, saved in zip(self.sources, state["sources"]):
-            source.restore(saved)
 
     def _processes(self, unit):
         if self.config.unit:
@@ -104,11 +90,13 @@ class HostProbe(object):
             stack_read = self.stacks.read(processes)
             if stack_read["unavailable"]:
                 errors.append("stacks unavailable: %s" % stack_read["unavailable"])
+        cpu_before = time.process_time()
         try:
             gpus = self.gpus.read()
         except Exception as exc:  # a driver error must not end the wait: GPUs are one signal of many
             gpus = []
             errors.append("GPU read failed: %s" % exc)
+        self.gpu_cpu_s += time.process_time() - cpu_before
         if self.gpus.error and not self.gpus.no_gpu_tools:
             errors.append(self.gpus.error)
         new_lines, context = [], []

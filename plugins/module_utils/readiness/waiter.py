@@ -10,14 +10,7 @@ from .classifier import Classifier
 from .phases import READY
 
 
-def new_wait_state(start):
-    """The state of a wait that begins at `start` (a clock() reading), for wait_for_ready(state=...)."""
-    return {"start": start, "next_look": None, "classifier": None, "warnings": [],
-            "progress_error": None, "done": False}
-
-
-def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_snapshot=None,
-                   state=None, slice_seconds=None):
+def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_snapshot=None, start=None):
     """Poll `probe.snapshot(t, remaining)` every poll_interval seconds; return the result dict.
 
     `remaining` is the most seconds the look's HTTP probes may take: the time left before the
@@ -30,26 +23,14 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
 
     timeout 0 means: look once and report the current phase; that never counts as a failure.
     The result holds the last verdict's fields plus `elapsed` (whole seconds) and `failed`.
-
-    In slices (an action plugin shows progress between calls): `state` (new_wait_state(), then
-    whatever the previous slice left in it; JSON-able, updated in place) and `slice_seconds`:
-    the call returns after the last look before the next one would fall past that many seconds,
-    with state["done"] False while the wait goes on. The looks, verdicts and `elapsed` are those
-    of one continuous wait: times count from state["start"], and a slice first sleeps until the
-    look the previous slice did not take was due.
+    `start`: the clock() reading the wait began at (default: now); on_snapshot(snap, verdict) is
+    called after every look.
     """
-    if state is None:
-        state = new_wait_state(clock())
-    start = state["start"]
-    slice_end = None if slice_seconds is None else clock() + slice_seconds
+    start = clock() if start is None else start
     look_once = not config.timeout
-    if state["classifier"] is None:
-        classifier = Classifier(config)
-    else:
-        classifier = Classifier.from_state(config, state["classifier"])
-    warnings = state["warnings"]
-    if state["next_look"] is not None:
-        sleep(max(0.0, state["next_look"] - clock()))
+    classifier = Classifier(config)
+    warnings = []
+    progress_error = None
     while True:
         look_start = clock()
         t = look_start - start
@@ -63,27 +44,20 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
         verdict = classifier.observe(snap)
         # Signals that could not be read (journal access, systemctl, a GPU driver): said once.
         warnings.extend(e for e in snap.errors if e not in warnings)
-        if config.progress_path and state["progress_error"] is None:
-            state["progress_error"] = _append_progress(config.progress_path, snap, verdict)
+        if config.progress_path and progress_error is None:
+            progress_error = _append_progress(config.progress_path, snap, verdict)
         if on_snapshot is not None:
             on_snapshot(snap, verdict)
-        state["done"] = bool(look_once or verdict.terminal or verdict.phase == READY)
-        if state["done"]:
+        if look_once or verdict.terminal or verdict.phase == READY:
             break
         next_look = min(look_start + config.poll_interval, start + config.timeout)
-        pause = max(0.0, next_look - clock())
-        if slice_end is not None and clock() + pause > slice_end:
-            state["next_look"] = clock() + pause
-            break
-        sleep(pause)
-    state["classifier"] = classifier.state_dict()
+        sleep(max(0.0, next_look - clock()))
     result = verdict.to_dict()
     del result["terminal"]
     result["elapsed"] = int(round(clock() - start))
-    result["failed"] = state["done"] and not look_once and verdict.phase != READY
-    warnings = list(warnings)
-    if state["progress_error"]:
-        warnings.append(state["progress_error"])
+    result["failed"] = not look_once and verdict.phase != READY
+    if progress_error:
+        warnings.append(progress_error)
     if warnings:
         result["warnings"] = warnings
     return result
