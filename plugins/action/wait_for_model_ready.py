@@ -21,7 +21,6 @@ and check mode look once and print nothing.
 """
 from __future__ import annotations
 
-import json
 import shlex
 
 from ansible import constants as C
@@ -30,8 +29,8 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 from ansible.utils.vars import merge_hash
 from ansible_collections.modelwake.serving.plugins.module_utils.common.formatting import MIB, duration, size
-from ansible_collections.modelwake.serving.plugins.module_utils.readiness.follow import (CLEANUP_COMMAND,
-                                                                                          FOLLOW_COMMAND, parse_read)
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.follow import (
+    CLEANUP_COMMAND, FOLLOW_COMMAND, parse_read)
 
 display = Display()
 

@@ -138,4 +138,3 @@ class JournalReader(object):
             if rest.strip():
                 lines.append(rest.decode("utf-8", "replace"))
         return lines
-

@@ -428,11 +428,11 @@ class Classifier(object):
             # A notify unit's last word, e.g. its launcher's "stalled: no progress for 600 s ...".
             detail += '; status "%s"' % unit["StatusText"][:300]
         if restarts is not None and st["nrestarts"] is not None and restarts > st["nrestarts"]:
-            return Verdict(FAILED, "failed: unit %s restarted %d time(s) during the wait (NRestarts %d -> %d; %s): "
+            return Verdict(FAILED, "failed: unit %s restarted %d time(s) during the wait (NRestarts %s -> %s; %s): "
                            "its server crashed" % (name, restarts - st["nrestarts"], st["nrestarts"], restarts, detail),
                            evidence=self._crash_evidence(), terminal=True)
         if st["main_pid"] and main_pid and main_pid != st["main_pid"]:
-            return Verdict(FAILED, "failed: unit %s's main process changed from %d to %d %s into the wait: "
+            return Verdict(FAILED, "failed: unit %s's main process changed from %s to %s %s into the wait: "
                            "the server restarted (%s)" % (name, st["main_pid"], main_pid, self._secs(t), detail),
                            evidence=self._crash_evidence(), terminal=True)
         if unit.get("SubState") == "auto-restart":

@@ -201,7 +201,7 @@ def _run(config, probe, path, fifo, boot, began, lease, clock, startup_cpu_s):
 def parse_read(stdout, follow):
     """The controller's side of FOLLOW_COMMAND's output: (state, data). state is "running", "done",
     "gone" (the process ended without a verdict) or "rebooted"; data is the file's content or None."""
-    first, _, rest = stdout.partition("\n")
+    first, _newline, rest = stdout.partition("\n")
     words = first.split()
     current_boot = words[0] if len(words) == 2 else None
     running = bool(words) and words[-1] == "running"
