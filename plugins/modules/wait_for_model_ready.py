@@ -96,13 +96,13 @@ options:
         C(/health) and C(/v1/models), 5 s). Must be greater than 0.
       - After a completion timed out, the following looks wait at most I(poll_interval) for it while
         the server shows no other progress; any progress, or an answer, gives the next one the full
-        I(completion_timeout) again. So a slow but working server still gets full attempts, and a
-        hung one costs a single full attempt.
+        I(completion_timeout) again. So a slow but working server still gets full attempts. No
+        attempt runs past the moment the stall would be declared.
       - Bounds, from the event to the verdict - ready at the end of the first look whose completion
         answers, which starts at most one I(poll_interval) after the server can answer; a crash at
         most one I(poll_interval) after the exit; a hang never before I(stall_timeout) after the last
-        progress seen and at most I(stall_timeout) + 2 x I(poll_interval) after it began, plus, when
-        the completion itself hangs, at most I(completion_timeout) more (the one full attempt).
+        progress seen and at most I(stall_timeout) + I(poll_interval) after it began, plus the last
+        look's own time (with a hung completion, at most I(poll_interval) more).
     type: int
     default: 30
   model_path:
@@ -136,9 +136,11 @@ options:
   stacks_interval:
     description:
       - The least seconds between two reads of the stacks (each read costs about 15 ms of CPU per
-        Python process). C(0) reads them at every look that saw nothing move but CPU.
-      - A busy-spinning hang is declared stalled at most I(stall_timeout) + 3 x I(poll_interval) after
-        it began (I(stall_timeout) + 2 x I(poll_interval) + I(stacks_interval) when that is longer).
+        Python process). C(0) reads them at every look that saw nothing move but CPU, unless the
+        last read cost so much CPU that reading that often would take more than 0.25 % of a core;
+        the reads are then spaced to that share, and never more than I(stall_timeout) / 4 apart.
+      - A busy-spinning hang is declared stalled at most I(stall_timeout) + 2 x I(poll_interval) + the
+        gap between two reads after it began.
     type: float
     default: 0
   _follow:

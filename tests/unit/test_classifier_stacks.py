@@ -28,8 +28,9 @@ def stack(pid, rank, function, signature, faults, state="R"):
 class Ranks(object):
     """Two busy ranks and an idle API process; cumulative per-process CPU and faults."""
 
-    def __init__(self, shape, lines=()):
+    def __init__(self, shape, lines=(), read_cpu_s=0.0):
         self.shape = shape
+        self.read_cpu_s = read_cpu_s  # what each stack read cost (HostProbe measures py-spy's CPU)
         self.cpu = dict((pid, 1.0) for pid in RANKS + (API,))
         self.faults = dict((pid, 5000) for pid in RANKS + (API,))
         self.t = None
@@ -58,7 +59,7 @@ class Ranks(object):
             procs.append({"pid": API, "name": "python3", "rank": None, "state": "S", "thread": "MainThread",
                           "frames": [["select", "selectors.py", 468]], "signature": "api", "cpu_seconds": 0.0,
                           "faults": self.faults[API]})
-            sample = {"processes": procs, "unavailable": None}
+            sample = {"processes": procs, "unavailable": None, "cpu_s": self.read_cpu_s}
         lines, self.lines = self.lines, []
         return Snapshot(t=t, process=process, log_lines=lines, http=http(), stacks=sample)
 
@@ -148,6 +149,21 @@ def test_stacks_interval_spaces_the_reads_and_bounds_the_verdict(interval, bound
     reads = [t for t, _v, due in seen if due]
     assert all(b - a >= max(interval, 5) for a, b in zip(reads, reads[1:]))
     assert seen[-1][1].phase == "stalled" and seen[-1][0] <= bound
+
+
+@pytest.mark.parametrize("stall, read_cpu_s, gap", [
+    (600, 0.05, 20),  # 50 ms a read: one every 20 s keeps the stacks at 0.25 % of a core
+    (60, 0.05, 15),  # but never more than stall_timeout / 4 apart: the spin is still declared on time
+    (600, 0.001, 5),  # a cheap read: every silent look, as stacks_interval 0 says
+])
+def test_costly_stack_reads_are_spaced_to_a_share_of_a_core(stall, read_cpu_s, gap):
+    cfg = config(engine="sglang", stall_timeout=stall, poll_interval=5)
+    seen = drive(cfg, Ranks("spin", INIT, read_cpu_s=read_cpu_s), until=2000, poll=5)
+    reads = [t for t, _v, due in seen if due]
+    assert len(reads) >= 3 and set(b - a for a, b in zip(reads, reads[1:])) == {gap}
+    assert seen[-1][1].phase == "stalled"
+    # The spin's bound grows by the gap at most: stall_timeout + 2 polls + the gap after the first read.
+    assert seen[-1][0] <= reads[0] + stall + 2 * 5 + gap
 
 
 def test_a_read_that_misses_a_live_process_keeps_what_the_last_one_saw():

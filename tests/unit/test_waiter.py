@@ -69,7 +69,8 @@ def test_twenty_minute_start_replayed_without_real_sleeping(tmp_path):
     assert len(lines) == 241 == len(seen)
     last = json.loads(lines[-1])
     assert last["verdict"]["phase"] == "ready" and last["snapshot"]["t"] == 1200
-    assert probe.looks[1] == (5.0, 3595.0)  # the time left is handed to the probe (HTTP timeouts)
+    # The probe's budget: the time left, and never past the stall's moment (last progress at 0 + 300 s).
+    assert probe.looks[1] == (5.0, 295.0)
 
 
 def test_deadline_not_a_counter_a_slow_probe_eats_into_it():
@@ -127,18 +128,18 @@ class HungCompletionProbe(object):
 
 
 @pytest.mark.parametrize("stall,poll,completion,verdict_at", [
-    (10, 1, 30, 51),  # the bench's hang after ready: stalled at +31 s, not +63 s
+    (10, 1, 30, 31),  # the bench's hang after ready: the first attempt is cut at the stall's moment
     (10, 1, 3, 31),
     (600, 5, 30, 625),  # the defaults
 ])
-def test_a_hung_completion_costs_one_full_timeout_then_the_stall_comes_on_time(stall, poll, completion, verdict_at):
+def test_a_hung_completion_costs_one_attempt_at_most_then_the_stall_comes_on_time(stall, poll, completion, verdict_at):
     clock = FakeClock()
     cfg = config(engine="vllm", timeout=3600, stall_timeout=stall, poll_interval=poll, completion_timeout=completion)
     probe = HungCompletionProbe(clock, cfg, hang_t=20, busy=False)
     result = wait_for_ready(cfg, probe, clock=clock, sleep=clock.sleep)
     assert result["phase"] == "stalled" and result["elapsed"] == verdict_at
-    assert verdict_at <= 20 + stall + 2 * poll + completion  # the documented bound
-    assert probe.budgets[0] == completion and set(probe.budgets[1:]) == {min(completion, poll)}
+    assert verdict_at <= 20 + stall + 2 * poll  # the documented bound, completion_timeout or not
+    assert probe.budgets[0] <= min(completion, stall) and set(probe.budgets[1:]) == {min(completion, poll)}
     assert result["evidence"][0].startswith("POST /v1/completions (model 'm'): timeout")
 
 
@@ -164,6 +165,20 @@ def test_hang_fails_as_stalled_before_the_deadline():
     assert result["phase"] == "stalled" and result["failed"] is True
     assert result["elapsed"] == 170
     assert "no progress for 120 s" in result["msg"] and "process 300 state T (stopped)" in result["msg"]
+
+
+@pytest.mark.parametrize("stall, last_looks", [
+    (120, [155.0, 160.0, 165.0, 170.0]),  # a multiple of the poll: the grid's own look is the stall's
+    (17, [55.0, 60.0, 65.0, 67.01]),  # not one: one look more, at the last progress (50) + 17 s
+])
+def test_one_look_falls_where_stall_timeout_runs_out(stall, last_looks):
+    clock = FakeClock()
+    probe = ReplayProbe(clock, lambda trace, t: trace.step(t, cpu=1.0 if t <= 50 else 0.0))
+    result = wait_for_ready(config(engine="vllm", timeout=3600, stall_timeout=stall, poll_interval=5),
+                            probe, clock=clock, sleep=clock.sleep)
+    assert result["phase"] == "stalled"
+    assert result["elapsed"] == 50 + stall  # not up to a poll later
+    assert [round(t, 2) for t, _r in probe.looks[-4:]] == last_looks
 
 
 def test_timeout_zero_looks_once_and_never_fails():

@@ -18,12 +18,16 @@ The API key goes in `Authorization: Bearer` and never into a result or message.
 """
 import json
 import socket
+import time
 
 from urllib import error as urlerror
 from urllib import request as urlrequest
 
 HEALTH_TIMEOUT = 5.0
 COMPLETION_TIMEOUT = 30.0
+# The least a request is given when a look's deadline is (almost) reached: on loopback a serving
+# server answers in milliseconds, and a request with no time at all would say nothing.
+MIN_REQUEST_SECONDS = 0.5
 BODY_CHARS = 300
 COMPLETION_BODY = {"prompt": "2+2=", "max_tokens": 4, "temperature": 0}
 
@@ -93,18 +97,25 @@ def describe(result):
 
 
 def probe_ready(base_url, ready_check="completion", model=None, api_key=None,
-                health_timeout=HEALTH_TIMEOUT, completion_timeout=COMPLETION_TIMEOUT):
+                health_timeout=HEALTH_TIMEOUT, completion_timeout=COMPLETION_TIMEOUT, deadline=None):
     """Ask the server whether it serves. Returns plain data:
 
     {"health": result, "models": result or None, "completion": result or None,
      "model": the model name used or None, "ready": bool, "listening": bool}
     /health is always asked first: it is cheap and tells a closed port from a warming server.
+    deadline (time.monotonic()): each request waits at most until then (MIN_REQUEST_SECONDS at
+    least), so a server that hangs on all three costs the look its budget once, not three times.
     """
+    def until_deadline(limit):
+        if deadline is None:
+            return limit
+        return max(MIN_REQUEST_SECONDS, min(limit, deadline - time.monotonic()))
+
     base = base_url.rstrip("/")
     found = {"health": None, "models": None, "completion": None, "model": model,
              "ready": False, "listening": False}
     # The full answer bodies stay here; the result keeps only their start (BODY_CHARS).
-    health = request(base + "/health", timeout=health_timeout, api_key=api_key)
+    health = request(base + "/health", timeout=until_deadline(health_timeout), api_key=api_key)
     found["health"] = _short(health)
     found["listening"] = health["kind"] in ("status", "timeout")
     if not found["listening"]:
@@ -116,7 +127,7 @@ def probe_ready(base_url, ready_check="completion", model=None, api_key=None,
         # SGLang warming up (or vLLM's dead engine): a completion would only wait or fail.
         return found
     if ready_check == "models" or model is None:
-        models = request(base + "/v1/models", timeout=health_timeout, api_key=api_key)
+        models = request(base + "/v1/models", timeout=until_deadline(health_timeout), api_key=api_key)
         found["models"] = _short(models)
         if ready_check == "models":
             found["ready"] = models["kind"] == "status" and models["code"] == 200
@@ -128,7 +139,7 @@ def probe_ready(base_url, ready_check="completion", model=None, api_key=None,
         found["model"] = model = ids[0]
     body = dict(COMPLETION_BODY, model=model)
     completion = request(base + "/v1/completions", method="POST", body=body, api_key=api_key,
-                         timeout=completion_timeout)
+                         timeout=until_deadline(completion_timeout))
     found["completion"] = _short(completion)
     answer = _json(completion) if completion["kind"] == "status" and completion["code"] == 200 else None
     found["ready"] = isinstance(answer, dict) and bool(answer.get("choices"))

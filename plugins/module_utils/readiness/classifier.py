@@ -39,6 +39,12 @@ from .stack_summary import summarize
 from .status import status_news, status_phase
 
 TAIL_LINES = 200
+# The ranks' stacks cost the host a py-spy run per Python process (~10-30 ms of CPU each, more for a
+# large engine's ranks). Reads are spaced so that they take at most this share of one core, measured
+# from the last read's own cost, but never more than STACKS_GAP_OF_STALL x stall_timeout apart, so a
+# busy-spinning hang is still declared within a quarter of stall_timeout of its silent-hang bound.
+STACKS_CPU_SHARE = 0.0025
+STACKS_GAP_OF_STALL = 0.25
 RATE_WINDOW = 60.0
 
 
@@ -99,7 +105,7 @@ class Classifier(object):
             "listen_url": None,
             # The ranks' stacks: per pid {sig, since (stack unchanged since), still_since (and no
             # pages faulted in since), still, name, rank, state, thread, frames}.
-            "stacks": {}, "stacks_t": None, "stacks_unavailable": None, "silent": False, "spin_note": None,
+            "stacks": {}, "stacks_t": None, "stacks_cpu_s": 0.0, "stacks_unavailable": None, "silent": False, "spin_note": None,
             "cpu_pid_prev": {}, "noncpu_progress_t": None, "noncpu_progress": None,
         }
 
@@ -109,15 +115,27 @@ class Classifier(object):
         the one before: the next look may ask with a short timeout."""
         return bool(self.state.get("completion_hung"))
 
+    def stall_due(self):
+        """The wait's clock (a snapshot's `t`) from which a look that sees nothing new declares the
+        stall; None before the first look. The waiter puts a look there."""
+        st = self.state
+        if st["t0"] is None or st["last_progress_t"] is None:
+            return None
+        return st["t0"] + st["last_progress_t"] + self.config.stall_timeout
+
     def stacks_due(self, t):
         """Whether the look at `t` should read the ranks' stacks: the last look saw nothing move
-        but (maybe) CPU, and the latest read is stacks_interval old (0: every such look)."""
+        but (maybe) CPU, and the latest read is old enough: stacks_interval (0: every such look), or
+        longer where the last read cost enough CPU to need it (STACKS_CPU_SHARE)."""
         st = self.state
         cfg = self.config
         if cfg.py_spy == "off" or st["t0"] is None or not st["silent"]:
             return False
         last = st["stacks_t"]
-        return last is None or (t - st["t0"]) - last >= cfg.stacks_interval * 0.9
+        if last is None:
+            return True
+        gap = min(st["stacks_cpu_s"] / STACKS_CPU_SHARE, cfg.stall_timeout * STACKS_GAP_OF_STALL)
+        return (t - st["t0"]) - last >= max(cfg.stacks_interval, gap) * 0.9
 
     # -- logs ---------------------------------------------------------------------------
     def _read_logs(self, lines, context):
@@ -256,6 +274,7 @@ class Classifier(object):
         if sample is None:
             return
         st["stacks_t"] = t
+        st["stacks_cpu_s"] = sample.get("cpu_s") or 0.0
         st["stacks_unavailable"] = sample.get("unavailable")
         seen = {}
         for proc in sample.get("processes") or []:

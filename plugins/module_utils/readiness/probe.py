@@ -1,4 +1,5 @@
 """HostProbe: gathers one Snapshot from the host (processes, unit, GPUs, logs, HTTP)."""
+import resource
 import time
 
 from ..host import http_probe, procfs, systemd
@@ -63,8 +64,10 @@ class HostProbe(object):
         return self.config.pid, procfs.tree([self.config.pid], self.proc_root)
 
     def snapshot(self, t, remaining=None, stacks=False):
-        """One look. remaining: the most seconds its HTTP probes may take (None: completion_timeout);
-        stacks: read the Python stacks of the server's processes too (the classifier asks)."""
+        """One look. remaining: the most seconds the look may take, its reads included (None: the
+        HTTP probes' own timeouts, completion_timeout for the completion); stacks: read the Python
+        stacks of the server's processes too (the classifier asks)."""
+        look_deadline = None if remaining is None else time.monotonic() + remaining
         cfg = self.config
         errors = []
         unit = None
@@ -87,7 +90,10 @@ class HostProbe(object):
         }
         stack_read = None
         if stacks and processes:
+            children_before = _children_cpu_s()
             stack_read = self.stacks.read(processes)
+            # What the py-spy runs cost: the classifier spaces the next read by it.
+            stack_read["cpu_s"] = round(_children_cpu_s() - children_before, 4)
             if stack_read["unavailable"]:
                 errors.append("stacks unavailable: %s" % stack_read["unavailable"])
         cpu_before = time.process_time()
@@ -105,12 +111,17 @@ class HostProbe(object):
             (context if source.last_read_context else new_lines).extend(lines)
             if getattr(source, "error", None):
                 errors.append(source.error)
-        budget = cfg.completion_timeout if remaining is None else max(1.0, min(cfg.completion_timeout, remaining))
         http = http_probe.probe_ready(cfg.url, cfg.ready_check, cfg.model, cfg.api_key,
-                                      health_timeout=min(http_probe.HEALTH_TIMEOUT, budget),
-                                      completion_timeout=budget)
+                                      health_timeout=min(http_probe.HEALTH_TIMEOUT, cfg.completion_timeout),
+                                      completion_timeout=cfg.completion_timeout, deadline=look_deadline)
         listeners = None
         if http["listening"] and cfg.url_is_local():
             listeners = procfs.listening_socket_owners(cfg.port(), self.proc_root)
         return Snapshot(t=t, process=process, unit=unit, gpus=gpus, log_lines=new_lines,
                         log_context=context, http=http, listeners=listeners, errors=errors, stacks=stack_read)
+
+
+def _children_cpu_s():
+    """CPU seconds of the programs this process ran and reaped (py-spy, journalctl, nvidia-smi)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime

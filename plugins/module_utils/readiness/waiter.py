@@ -9,17 +9,23 @@ import time
 from .classifier import Classifier
 from .phases import READY
 
+# The look put where the stall runs out falls this much after it, so that float rounding never makes
+# it a look too early to declare the stall.
+STALL_LOOK_MARGIN = 0.01
+
 
 def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_snapshot=None, start=None):
     """Poll `probe.snapshot(t, remaining)` every poll_interval seconds; return the result dict.
 
-    `remaining` is the most seconds the look's HTTP probes may take: the time left before the
-    deadline, and at most poll_interval after a completion timed out while nothing else moved.
+    `remaining` is the most seconds the look may take: the time left before the deadline, at most
+    poll_interval after a completion timed out while nothing else moved, and never past the moment
+    the stall would be declared.
 
     Looks start every poll_interval, start to start: a look that takes time (HTTP probes, a
     hung completion) does not push the next one later; one that ran past the next due time is
     followed at once. So a change is seen at most one poll_interval after it happened, unless a
-    look itself overran.
+    look itself overran. One more look falls exactly where stall_timeout runs out since the last
+    progress, so a hang is declared then, not up to a poll later (docs/readiness.md: bounds).
 
     timeout 0 means: look once and report the current phase; that never counts as a failure.
     The result holds the last verdict's fields plus `elapsed` (whole seconds) and `failed`.
@@ -40,6 +46,10 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
             # than a poll for it, so a hung engine is declared stalled on time (docs/readiness.md: bounds).
             short = min(config.completion_timeout, config.poll_interval)
             remaining = short if remaining is None else min(remaining, short)
+        stall_due = classifier.stall_due()
+        if remaining is not None and stall_due is not None and stall_due > t:
+            # A look waiting on a completion ends by the stall's moment, so that the look due there starts on time.
+            remaining = min(remaining, stall_due - t)
         snap = probe.snapshot(t, remaining, stacks=classifier.stacks_due(t))
         verdict = classifier.observe(snap)
         # Signals that could not be read (journal access, systemctl, a GPU driver): said once.
@@ -51,6 +61,9 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
         if look_once or verdict.terminal or verdict.phase == READY:
             break
         next_look = min(look_start + config.poll_interval, start + config.timeout)
+        stall_due = classifier.stall_due()
+        if stall_due is not None and stall_due > t:
+            next_look = min(next_look, start + stall_due + STALL_LOOK_MARGIN)
         sleep(max(0.0, next_look - clock()))
     result = verdict.to_dict()
     del result["terminal"]
