@@ -2,6 +2,7 @@
 import json
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -161,3 +162,16 @@ def test_describe():
     assert http_probe.describe({"kind": "status", "code": 503}) == "503"
     assert http_probe.describe({"kind": "refused"}) == "refused"
     assert http_probe.describe({"kind": "timeout", "error": "no answer in 5 s"}) == "timeout (no answer in 5 s)"
+
+
+def test_a_server_hanging_on_every_request_costs_a_look_its_budget_once(server):
+    for route in (("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/completions")):
+        server.routes[route] = "hang"
+    started = time.monotonic()
+    found = http_probe.probe_ready(server.url, deadline=started + 1.0)
+    took = time.monotonic() - started
+    assert found["health"]["kind"] == "timeout" and found["models"]["kind"] == "timeout"
+    # /health used the budget; /v1/models then had the least a request gets, and there was no model
+    # to ask a completion of: 1 s + 0.25 s, not 5 s + 5 s + 30 s.
+    assert 1.0 <= took < 1.0 + http_probe.MIN_REQUEST_SECONDS + 0.5
+    assert found["completion"] is None and found["ready"] is False

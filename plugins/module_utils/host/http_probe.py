@@ -27,7 +27,7 @@ HEALTH_TIMEOUT = 5.0
 COMPLETION_TIMEOUT = 30.0
 # The least a request is given when a look's deadline is (almost) reached: on loopback a serving
 # server answers in milliseconds, and a request with no time at all would say nothing.
-MIN_REQUEST_SECONDS = 0.5
+MIN_REQUEST_SECONDS = 0.25
 BODY_CHARS = 300
 COMPLETION_BODY = {"prompt": "2+2=", "max_tokens": 4, "temperature": 0}
 
