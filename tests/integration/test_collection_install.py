@@ -257,7 +257,7 @@ def test_a_playbook_elsewhere_runs_every_module_by_fqcn(project, tmp_path):
         {"index": i, "name": "NVIDIA H200", "uuid": "GPU-%d" % i, "memory_total_mib": 143771,
          "memory_used_mib": 0, "utilization_gpu": 0} for i in range(2)]}))
     results = tmp_path / "results.json"
-    # The load pauses until the first progress line is out: the wait lasts more than one slice
+    # The load pauses until the first progress line is out: the wait lasts past the first read
     # however fast this machine starts the engine.
     hold = tmp_path / "hold-load"
     hold.write_text("")
@@ -274,7 +274,7 @@ def test_a_playbook_elsewhere_runs_every_module_by_fqcn(project, tmp_path):
         sims.stop_all()
     found = json.loads(results.read_text())
     assert found["ready"]["phase"] == "ready" and found["ready"]["bytes_read"] > 0
-    # The action plugin ran (from the installed collection) and printed progress between slices.
+    # The action plugin ran (from the installed collection) and printed the followed wait's progress.
     assert "wait_for_model_ready [localhost]: " in out
     assert found["smoke"]["status"] == 200 and found["smoke"]["text"] and found["smoke"]["latency_ms"] > 0
     assert [level["concurrency"] for level in found["load"]["levels"]] == [1, 2]

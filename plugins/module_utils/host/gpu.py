@@ -42,7 +42,7 @@ class GpuReader(object):
         self.error = None
         self.no_gpu_tools = False
         # The answer of the nvidia-smi run that chose the backend, kept for the first read: each
-        # run costs the host ~0.15 s of CPU, and every slice of a wait is a new process that chooses.
+        # run costs the host ~0.15 s of CPU, and the first look needs the same answer.
         self._unread_smi = None
 
     def _choose(self):
