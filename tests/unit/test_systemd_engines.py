@@ -6,6 +6,8 @@ from ansible_collections.modelwake.serving.plugins.module_utils.host import syst
 
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness import engines
 
+MIB = 1024 * 1024
+
 SHOW = """ActiveState=activating
 SubState=auto-restart
 MainPID=0
@@ -137,3 +139,34 @@ def test_root_cause_is_the_first_specific_error_then_the_traceback_tail():
                                                "Traceback (most recent call last):", '  File "x.py", line 1']
     assert engines.root_cause(["Scheduler hit an exception: boom"], "Scheduler hit an exception: boom")[0] == \
         "Scheduler hit an exception: boom"
+
+
+def test_accounted_counters_and_what_systemd_shows_when_it_does_not_account():
+    assert systemd.accounted({"CPUUsageNSec": "1500000000"}, "CPUUsageNSec") == 1500000000
+    assert systemd.accounted({"IOReadBytes": "18446744073709551615"}, "IOReadBytes") is None  # IOAccounting=no
+    assert systemd.accounted({"CPUUsageNSec": "[not set]"}, "CPUUsageNSec") is None
+    assert systemd.accounted({}, "IOReadBytes") is None and systemd.accounted(None, "IOReadBytes") is None
+
+
+def test_the_cgroup_counts_work_of_processes_that_left_the_tree():
+    accounting = systemd.UnitAccounting()
+    unit = {"CPUUsageNSec": str(40 * 10 ** 9), "IOReadBytes": str(10 * MIB)}
+    assert accounting.combine(30.0, 8 * MIB, unit) == (30.0, 8 * MIB)  # the first look: the tree's totals
+    # A compiler reparented to init burned 4 s and a loader read 100 MiB outside the tree: the cgroup
+    # saw them, the tree saw 1 s and nothing read.
+    unit = {"CPUUsageNSec": str(45 * 10 ** 9), "IOReadBytes": str(110 * MIB)}
+    assert accounting.combine(31.0, 8 * MIB, unit) == (35.0, 108 * MIB)
+    # The tree ahead (a child's time reaped into its parent at once): the tree's growth, nothing twice.
+    unit = {"CPUUsageNSec": str(46 * 10 ** 9), "IOReadBytes": str(110 * MIB)}
+    assert accounting.combine(38.0, 8 * MIB, unit) == (38.0, 108 * MIB)
+
+
+def test_without_accounting_or_after_a_restart_the_tree_alone_counts():
+    plain = systemd.UnitAccounting()
+    unset = {"CPUUsageNSec": "[not set]", "IOReadBytes": "18446744073709551615"}
+    assert plain.combine(3.0, None, unset) == (3.0, None)
+    assert plain.combine(4.5, None, unset) == (4.5, None)
+    restarted = systemd.UnitAccounting()
+    restarted.combine(100.0, 5 * MIB, {"CPUUsageNSec": str(300 * 10 ** 9), "IOReadBytes": str(50 * MIB)})
+    # The unit started again: its counters begin at 0, the tree's keep their totals.
+    assert restarted.combine(101.0, 6 * MIB, {"CPUUsageNSec": str(10 ** 9), "IOReadBytes": "0"}) == (101.0, 6 * MIB)

@@ -5,7 +5,8 @@ from ..common.command import run_command
 from ..common.errors import ModelWakeError
 
 PROPERTIES = ("ActiveState", "SubState", "MainPID", "NRestarts", "ExecMainStatus", "ExecMainCode",
-              "Result", "StatusText", "Type", "LoadState", "InvocationID", "ControlGroup")
+              "Result", "StatusText", "Type", "LoadState", "InvocationID", "ControlGroup",
+              "CPUUsageNSec", "IOReadBytes")
 INT_PROPERTIES = ("MainPID", "NRestarts", "ExecMainStatus", "ExecMainCode")
 
 
@@ -35,6 +36,46 @@ def parse_show(text):
         except (KeyError, ValueError):
             props[key] = None
     return props
+
+
+# What systemctl shows for a counter the unit does not account ("[not set]", or UINT64_MAX).
+UNSET_COUNTER = 2 ** 64 - 1
+
+
+def accounted(props, name):
+    """A cgroup counter of the unit (CPUUsageNSec, IOReadBytes) as an int, None where systemd does
+    not account it (CPUAccounting=/IOAccounting= off, or no such controller)."""
+    try:
+        value = int((props or {}).get(name))
+    except (TypeError, ValueError):
+        return None
+    return None if value >= UNSET_COUNTER or value < 0 else value
+
+
+class UnitAccounting(object):
+    """systemd's accounting of the unit's cgroup as a second view of the process tree's counters.
+
+    The tree misses work by processes that left it (reparented to init, double-forked) while they
+    ran; the cgroup holds them all. The growth shown is the larger of the two views' since the
+    first look: nothing counts twice, and a restart (the unit's counters begin again) falls back to
+    the tree."""
+
+    def __init__(self):
+        self.first = None  # (tree CPU s, tree bytes, unit CPU s, unit bytes) at the first look
+
+    def combine(self, tree_cpu, tree_read, unit):
+        unit_ns, unit_read = accounted(unit, "CPUUsageNSec"), accounted(unit, "IOReadBytes")
+        unit_cpu = None if unit_ns is None else unit_ns / 1e9
+        if self.first is None:
+            self.first = (tree_cpu, tree_read, unit_cpu, unit_read)
+        return (_larger_growth(tree_cpu, self.first[0], unit_cpu, self.first[2]),
+                _larger_growth(tree_read, self.first[1], unit_read, self.first[3]))
+
+
+def _larger_growth(tree, tree0, unit, unit0):
+    if tree is None or tree0 is None or unit is None or unit0 is None:
+        return tree
+    return tree0 + max(tree - tree0, unit - unit0)
 
 
 def unit_properties(unit, runner=run_command):

@@ -20,6 +20,7 @@ class HostProbe(object):
         self.runner = runner
         self.proc_root = proc_root
         self.counter = procfs.TreeCounter()
+        self.accounting = systemd.UnitAccounting()  # unit mode: the cgroup's own CPU and reads, where accounted
         self.gpus = GpuReader(config.gpus, nvml=nvml, runner=runner)
         self.gpu_cpu_s = 0.0  # this process's CPU seconds in GPU reads (what the wait's cost report splits out)
         self.stacks = StackReader(config.py_spy, runner=runner, proc_root=proc_root)
@@ -78,6 +79,8 @@ class HostProbe(object):
                 errors.append(str(exc))
         root_pid, processes = self._processes(unit)
         cpu_seconds, read_bytes = self.counter.update(processes)
+        if unit is not None:
+            cpu_seconds, read_bytes = self.accounting.combine(cpu_seconds, read_bytes, unit)
         process = {
             "root_pid": root_pid,
             "alive": bool(processes) and (cfg.unit is not None or cfg.pid in processes),
