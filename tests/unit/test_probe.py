@@ -85,9 +85,10 @@ def test_pid_mode_refuses_a_pid_that_is_gone():
 class SystemdScript(object):
     """Scripted systemctl/journalctl answers; the unit's MainPID is a real process."""
 
-    def __init__(self, main_pid, load_state="loaded"):
+    def __init__(self, main_pid, load_state="loaded", accounting=()):
         self.main_pid = main_pid
         self.load_state = load_state
+        self.accounting = list(accounting)  # (CPUUsageNSec, IOReadBytes) per systemctl call
         self.calls = []
 
     def __call__(self, argv, timeout=30):
@@ -95,7 +96,8 @@ class SystemdScript(object):
         if argv[0] == "systemctl":
             return 0, ("ActiveState=active\nSubState=running\nMainPID=%d\nNRestarts=0\nExecMainStatus=0\n"
                        "LoadState=%s\nInvocationID=inv1\nControlGroup=/system.slice/nowhere-%d.service\n"
-                       % (self.main_pid, self.load_state, os.getpid())), ""
+                       % (self.main_pid, self.load_state, os.getpid())
+                       + ("CPUUsageNSec=%d\nIOReadBytes=%d\n" % self.accounting.pop(0) if self.accounting else "")), ""
         if argv[0] == "journalctl":
             entry = {"__CURSOR": "c1", "_SYSTEMD_INVOCATION_ID": "inv1", "MESSAGE": "Init torch distributed begin."}
             return 0, json.dumps(entry) + "\n", ""
@@ -113,6 +115,23 @@ def test_unit_mode_snapshot_uses_systemd_and_the_journal(fake_nvml):
         assert snap.process["pids"] == [proc.pid] and snap.process["alive"] is True
         assert snap.log_lines == ["Init torch distributed begin."] and snap.log_context == []
         assert snap.http["health"]["kind"] == "refused"
+    finally:
+        proc.stdin.close()
+        proc.wait()
+
+
+def test_unit_mode_counts_what_the_cgroup_saw_beyond_the_tree(fake_nvml):
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        # HostProbe's own check of the unit, then two looks: the cgroup did 3 s of CPU and read 64 MiB
+        # between them, the idle tree nothing.
+        runner = SystemdScript(proc.pid, accounting=[(0, 0), (10 ** 9, 0), (4 * 10 ** 9, 64 * 2 ** 20)])
+        probe = HostProbe(config(unit="sglang-k26.service", url="http://127.0.0.1:%d" % closed_port()),
+                          runner=runner, nvml=fake_nvml)
+        first = probe.snapshot(0.0).process
+        second = probe.snapshot(5.0).process
+        assert round(second["cpu_seconds"] - first["cpu_seconds"], 1) == 3.0
+        assert second["read_bytes"] - (first["read_bytes"] or 0) == 64 * 2 ** 20
     finally:
         proc.stdin.close()
         proc.wait()
