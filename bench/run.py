@@ -8,11 +8,16 @@ loopback or on our own test-host guests, and everything started here is stopped 
 process group, guests with `tools/testhosts down NAME`).
 """
 import argparse
+import glob
 import json
 import os
+import re
+import resource
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -24,6 +29,9 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import report  # noqa: E402
 import simrun  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, "tests", "fakes"))
+import fake_nvml  # noqa: E402  (the fake libnvidia-ml.so.1: scripted GPUs read through NVML)
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness import follow  # noqa: E402
 
 VENV_BIN = os.path.join(ROOT, ".venv", "bin")
 PLAYBOOK = os.path.join(VENV_BIN, "ansible-playbook")
@@ -63,10 +71,15 @@ APPROACHES = ("module", "uri", "wait_for")
 STEPS = ("scenarios", "cost", "stacks", "throughput", "rerun", "fanout", "realvllm")
 
 
+NVML_DIR = os.path.join(HERE, "out", "fake-nvml")
+
+
 def ansible_env(extra=None):
+    """The module reads the scripted GPUs through NVML (the fake driver library on LD_LIBRARY_PATH),
+    as on a GPU host; the scripted nvidia-smi stays on PATH as the fallback."""
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_PYTHON_INTERPRETER=sys.executable)
-    env["PATH"] = FAKES + os.pathsep + VENV_BIN + os.pathsep + env.get("PATH", "")  # the scripted nvidia-smi
+               ANSIBLE_PYTHON_INTERPRETER=sys.executable, LD_LIBRARY_PATH=NVML_DIR)
+    env["PATH"] = FAKES + os.pathsep + VENV_BIN + os.pathsep + env.get("PATH", "")
     env.update(extra or {})
     return env
 
@@ -189,9 +202,8 @@ def _proc_stat(pid):
 
 def _module_processes(root):
     """The AnsiballZ pythons under ansible-playbook: `<python> .../AnsiballZ_wait_for_model_ready.py`,
-    or with pipelining a bare interpreter reading the module from stdin. The action plugin runs the
-    module in slices, a new process each; a forked child before its exec looks the same, so only
-    the shallowest match of each chain counts."""
+    or with pipelining a bare interpreter reading the module from stdin. A forked child before its
+    exec looks the same, so only the shallowest match of each chain counts."""
     found = []
     for pid in simrun.descendants(root):
         try:
@@ -219,17 +231,75 @@ def _sample(pid, ticks):
             hwm[0] if hwm else 0)
 
 
-def measure_cost(model, work, seconds=120.0, poll=5.0):
-    """The module waiting `seconds` on an engine stuck in a long silent (CPU-busy) initialisation, at
-    a `poll` s interval, run by ansible-playbook as operators run it (the action plugin's slices):
-    CPU seconds and peak RSS of the module's processes on the host, sampled from /proc every 0.1 s."""
-    base = os.path.join(work, "cost")
+def _followed_waits(marker):
+    """The pids of the waits the module left on this host (readiness/follow.py's files) whose
+    environment holds `marker`: this measurement's, not those of tests running beside it."""
+    pids = []
+    for path in glob.glob(os.path.join(follow.state_dir(), follow.STATE_PREFIX + "*.json")):
+        try:
+            with open(path) as handle:
+                pid = json.load(handle).get("pid")
+        except (OSError, ValueError):
+            continue
+        try:
+            with open("/proc/%d/environ" % pid, "rb") as handle:
+                ours = marker.encode() in handle.read().split(b"\0")
+        except (OSError, TypeError):
+            continue
+        if ours:
+            pids.append(pid)
+    return pids
+
+
+def _read_cost(reads=40):
+    """CPU seconds of one controller read on the host (follow.FOLLOW_COMMAND under /bin/sh), the read
+    woken at once as when a wait has ended, so that no sleeping is measured."""
+    work = tempfile.mkdtemp(prefix="bench-read-")
+    try:
+        path, fifo = os.path.join(work, "wait.json"), os.path.join(work, "wait.fifo")
+        with open(path, "w") as handle:
+            json.dump({"done": False, "result": {"phase": "initializing", "elapsed": 60}}, handle)
+        os.mkfifo(fifo, 0o600)
+        holder = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+        command = follow.FOLLOW_COMMAND.format(interval=5, path=path, fifo=fifo, pid=os.getpid())
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        for _ in range(reads):
+            os.write(holder, b"x")
+            subprocess.run(["/bin/sh", "-c", command], stdout=subprocess.DEVNULL, check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        os.close(holder)
+    finally:
+        shutil.rmtree(work)
+    return ((after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)) / reads
+
+
+COST_PHASES = ("load", "init")
+
+
+def measure_cost(model, work, phase, seconds=300.0, poll=5.0, gpus=8):
+    """The module waiting `seconds` on an engine in a long silent phase, at a `poll` s interval with
+    live progress on (the action plugin's default interval), `gpus` scripted GPUs read through NVML,
+    run by ansible-playbook as operators run it. phase "load": reading the shards with no log line
+    (the story's silent load); "init": a CPU-busy initialisation with nothing else moving, so the
+    ranks' stacks are read too (py-spy). Sampled from /proc every 0.1 s: the module's process and
+    the wait it leaves on the host (CPU, reaped children, peak RSS); the wait's own split of its CPU
+    (its result's `cost`); the controller's reads on the host."""
+    base = os.path.join(work, "cost-" + phase)
     os.makedirs(os.path.join(base, "gpu"), exist_ok=True)
     env = {"MODELWAKE_FAKE_GPU_DIR": os.path.join(base, "gpu")}
+    marker = "MODELWAKE_FAKE_GPU_DIR=" + env["MODELWAKE_FAKE_GPU_DIR"]
     args = list(SIM_ARGS)
-    args[args.index("--init-seconds") + 1] = "3600"  # silent (CPU-busy) for an hour
+    args[args.index("--fake-gpu-count") + 1] = str(gpus)
+    if phase == "load":
+        # MODEL_MIB at 0.5 MiB/s: loading lasts past the measurement, with no progress bars.
+        args[args.index("--load-rate-mib") + 1] = "0.5"
+        args.append("--quiet-load")
+    else:
+        args[args.index("--init-seconds") + 1] = "3600"  # silent (CPU-busy) for an hour
     sim = simrun.SimRun("sglang", model, _fresh(os.path.join(base, "engine.log")), args, env=env).start()
     progress = _fresh(os.path.join(base, "progress.jsonl"))
+    log_path = os.path.join(base, "wait-module.log")
+    cost_path = _fresh(os.path.join(base, "split.json"))
     ticks = os.sysconf("SC_CLK_TCK")
     seen = {}  # pid -> the latest (cpu, children, hwm): counters only grow while a process lives
     first = last = None
@@ -237,10 +307,11 @@ def measure_cost(model, work, seconds=120.0, poll=5.0):
         sim.wait_for(LOAD_LINE["sglang"], 30)
         extra = {"bench_url": sim.url, "bench_pid": sim.proc.pid, "bench_port": sim.port, "bench_engine": "sglang",
                  "bench_log_path": sim.log_path, "bench_model_path": model, "bench_progress_path": progress,
-                 "bench_module_timeout": seconds, "bench_stall_timeout": 600, "bench_poll_interval": poll}
-        waiter = Waiter("module", extra, ansible_env(env), os.path.join(base, "wait-module.log"))
+                 "bench_module_timeout": seconds, "bench_stall_timeout": 600, "bench_poll_interval": poll,
+                 "bench_ignore_errors": True, "bench_cost_path": cost_path}
+        waiter = Waiter("module", extra, ansible_env(env), log_path)
         while waiter.end is None:
-            for pid in _module_processes(waiter.proc.pid):
+            for pid in _module_processes(waiter.proc.pid) + _followed_waits(marker):
                 values = _sample(pid, ticks)
                 if values:
                     seen[pid] = values
@@ -252,10 +323,19 @@ def measure_cost(model, work, seconds=120.0, poll=5.0):
         sim.stop()
     with open(progress) as handle:
         polls = sum(1 for line in handle if line.strip())
-    return {"poll_interval": poll, "seconds": seconds, "watched_s": round((last or 0) - (first or 0), 1),
+    with open(log_path) as handle:
+        text = handle.read()
+    split = None
+    if os.path.exists(cost_path):
+        with open(cost_path) as handle:
+            split = json.load(handle)
+    lines = len(re.findall(r"^wait_for_model_ready \[", text, re.M))
+    return {"phase": phase, "poll_interval": poll, "seconds": seconds, "gpus": gpus, "watched_s": round((last or 0) - (first or 0), 1),
             "polls": polls, "processes": len(seen), "cpu_s": round(sum(v[0] for v in seen.values()), 3),
             "children_cpu_s": round(sum(v[1] for v in seen.values()), 3),
-            "peak_rss_mib": round(max([v[2] for v in seen.values()] or [0]) / 1024.0, 1)}
+            "peak_rss_mib": round(max([v[2] for v in seen.values()] or [0]) / 1024.0, 1),
+            "split": split, "progress_lines": lines, "reads": lines + 1,
+            "read_cpu_s": round(_read_cost(), 4)}
 
 
 # -- the ranks' stacks: what a read costs, when a spinning hang is declared ----------------------------
@@ -519,6 +599,7 @@ def main(argv=None):
     work = os.path.join(args.out, "work")
     os.makedirs(work, exist_ok=True)
     model = simrun.make_model(os.path.join(work, "model"), MODEL_MIB, MODEL_SHARDS)
+    fake_nvml.build(NVML_DIR)
     results_path = os.path.join(args.out, "results.json")
     results = {}
     if os.path.exists(results_path):
@@ -541,7 +622,8 @@ def main(argv=None):
                 print("bench: %s %s" % (engine, name), flush=True)
                 results["scenarios"].append(run_scenario(engine, name, fault, event, model, work))
                 save()
-    for step, what, measure in (("cost", "the module's own cost", lambda: measure_cost(model, work)),
+    for step, what, measure in (("cost", "the module's own cost", lambda: dict((phase, measure_cost(model, work, phase))
+                                                                                  for phase in COST_PHASES)),
                                 ("stacks", "the ranks' stacks: cost and the spinning hang", lambda: measure_stacks(model, work)),
                                 ("throughput", "throughput of the simulated engine", lambda: measure_throughput(model, work)),
                                 ("rerun", "deploy-k26.yml re-run on a ready test host", lambda: measure_rerun(work)),

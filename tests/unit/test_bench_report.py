@@ -53,8 +53,14 @@ def results():
             _scenario("vllm", "hang-ready", dict(j("hang-ready", "module", "stalled", 21.0, 10.0), verdict_delay=10.9),
                       j("hang-ready", "uri", "ready", 10.4, 10.0), j("hang-ready", "wait_for", "ready", 10.2, 10.0)),
         ],
-        "cost": {"poll_interval": 5.0, "seconds": 120, "watched_s": 120.0, "polls": 24, "cpu_s": 0.6,
-                 "children_cpu_s": 0.5, "peak_rss_mib": 30.0},
+        "cost": {
+            "load": {"phase": "load", "poll_interval": 5.0, "seconds": 300, "watched_s": 300.0, "polls": 60,
+                     "cpu_s": 1.2, "children_cpu_s": 0.3, "peak_rss_mib": 30.0, "reads": 13, "read_cpu_s": 0.01,
+                     "split": {"startup_cpu_s": 0.7, "looks": 60, "looks_cpu_s": 0.4, "gpu_read_cpu_s": 0.02,
+                               "programs_cpu_s": 0.3}},
+            "init": {"phase": "init", "poll_interval": 5.0, "seconds": 300, "watched_s": 300.0, "polls": 60,
+                     "cpu_s": 1.2, "children_cpu_s": 1.4, "peak_rss_mib": 30.0, "reads": 13, "read_cpu_s": 0.01,
+                     "split": None}},
         "rerun": {"status": "not measured", "why": "tools/testhosts up failed:\nno bridge"},
     }
 
@@ -63,21 +69,30 @@ def test_targets_say_met_or_missed_with_the_number():
     rows = dict((label.split(" (")[0].split(" within")[0], (met, number)) for label, met, number in report.targets(results()))
     assert rows["ready"] == (True, "worst 0.80 s")
     assert rows["crash"] == (False, "worst 2.30 s")  # the module's own time, not ansible-playbook's exit
-    assert rows["hang after ready"] == (True, "worst 10.90 s")
+    assert rows["hang after ready, /health still 200"] == (True, "worst 10.90 s")  # within stall_timeout + two polls
+    assert rows["hang after ready, /health hung too"] == (None, "worst – s")  # no SGLang hang-ready in this run
     assert rows["hang while loading"] == (None, "worst – s")  # no such scenario in this run
     assert rows["zero false stalls"] == (True, "0 of 1 healthy starts")
     assert rows["the module's wrong verdicts: 0"] == (True, "0 of 3 scenarios")
-    assert rows["under 1 % of one core at a 5.0 s poll"][0] is True
-    assert rows["under 1 % of one core at a 5.0 s poll"][1].startswith("0.92 %")
+    # The worst phase decides, each with the controller's reads on the host counted in.
+    assert rows["under 1 % of one core at a 5.0 s poll, a whole wait"] == (
+        True, "init 0.91 %; load 0.54 % (worst: 2.730 s of CPU in 300 s)")
     assert rows["re-run on a ready host under 30 s with changed=0, no restart"] == (None, "not measured: no bridge")
 
 
 def test_a_core_share_of_one_percent_is_missed():
     data = results()
-    data["cost"]["children_cpu_s"] = 0.6
+    data["cost"]["init"]["children_cpu_s"] = 1.67
     rows = [row for row in report.targets(data) if row[0].startswith("under 1 %")]
-    assert rows == [("under 1 % of one core at a 5.0 s poll", False,
-                     "1.00 % (module 0.600 s + its children 0.600 s of CPU in 120 s)")]
+    assert rows == [("under 1 % of one core at a 5.0 s poll, a whole wait", False,
+                     "init 1.00 %; load 0.54 % (worst: 3.000 s of CPU in 300 s)")]
+
+
+def test_the_cost_section_splits_the_wait():
+    text = report.render(results(), {})
+    assert ("| a silent load (shards read, no log line) | 60 | 0.700 s | 0.400 s (0.020 s) | 0.300 s | 13 × 10.0 ms "
+            "| 1.630 s | 0.54 % | 0.31 % | 30.0 MiB |") in text
+    assert "| 60 | – s | – s (– s) | – s | 13 × 10.0 ms | 2.730 s | 0.91 % | – | 30.0 MiB |" in text
 
 
 def test_fan_out_and_a_measured_rerun():
@@ -98,6 +113,5 @@ def test_report_tables_ratios_and_wrong_verdicts(tmp_path):
     assert "| uri | 1 of 3 | vllm hang-ready: said ready on a hung engine |" in text
     assert "| wait_for | 2 of 3 |" in text and "| module | 0 of 3 | none |" in text
     assert "| crash within one poll interval (1.0 s) of the process exit | **missed** | worst 2.30 s |" in text
-    assert "| 0.600 | 0.500 | 0.046 s | 33 s | 0.92 % | 30.0 MiB |" in text
     report.write(results(), str(tmp_path))
     assert (tmp_path / "report.md").read_text() == text  # no scenario has a progress file: no pictures
