@@ -139,8 +139,10 @@ def test_status_shows_the_phases_and_start_returns_only_when_a_completion_works(
     assert any(re.match(r"loading \d+% \(\d+/64 shards", t) for t in texts), texts
     assert any(t.startswith("initializing") for t in texts), texts
     # During the silent initialisation the launcher (as the service user, with the py-spy that
-    # inference_env put into the venv) shows where the ranks are.
-    assert any(re.match(r"initializing.* \| TP[0-9,-]+ in burn \(modelwake_sim/ranks\.py:\d+\) for \d+s", t)
+    # inference_env put into the venv) shows where the ranks are. Only the frame: stack reads are
+    # spaced by their cost (up to stall_timeout / 4 = 5 s), so an 8 s phase may get a single read,
+    # and a function first seen at a read has no "for Ns" yet (durations: test_stacks_sim.py).
+    assert any(re.match(r"initializing.* \| TP[0-9,-]+ in burn \(modelwake_sim/ranks\.py:\d+\)", t)
                for t in texts), texts
     assert 'Status: "loading' in got["status_during_load"] and "activating (start)" in got["status_during_load"]
     assert got["early"] != 200  # while loading, no completion: the start must not have returned
