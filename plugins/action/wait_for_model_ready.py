@@ -13,9 +13,13 @@ one shell command, which returns at once when the wait ends, and prints one line
     shards 39/64 | ETA 16s | GPU x8 240.0 GiB / 764.7 GiB | log: Loading safetensors checkpoint ...
 
 The final result is the one a single long call returns (same keys, `elapsed` from the true start,
-all phases), plus `progress`: the last line, for a stdout callback that prints only results. The
-lines go to stdout with the default callback and to stderr with any other, so that a
-machine-readable stdout (the json callback) stays intact. No following with task-level `async` (the
+all phases), plus `progress`: the last line, for a stdout callback that prints only results, and
+`unit`, the unit waited on. The lines go to stdout with the default callback and to stderr with any
+other, so that a machine-readable stdout (the json callback) stays intact. With any other callback
+each look is also a structured event: the `v2_runner_on_async_poll` callback that Ansible sends for a
+background job it polls (which the wait is), with the look as its result (`modelwake_look: true`,
+the line as `progress`). ansible-runner makes it a `runner_on_async_poll` event, so AWX and any
+runner consumer follow the wait without reading text (modelwake/cli.py). No following with task-level `async` (the
 module then runs in the background as before) or with `modelwake_progress_interval: 0`; `timeout: 0`
 and check mode look once and print nothing.
 """
@@ -109,6 +113,27 @@ def ended_without_verdict(state, data, follow):
     return dict(last, failed=True, phase="failed", msg=msg, elapsed=elapsed)
 
 
+def look_callback(host, task, look):
+    """Hand one look to the controller's callbacks as Ansible hands an async job's poll: a
+    v2_runner_on_async_poll callback from this worker process. Returns whether it was sent.
+
+    The worker's queue to the controller's main process is the one its display already uses; the
+    types are ansible-core 2.19's own. Where they differ (another ansible-core), only the line is left.
+    """
+    final_queue = getattr(display, "_final_q", None)
+    if final_queue is None:
+        return False
+    try:
+        from ansible.executor.task_queue_manager import CallbackSend  # pylint: disable=import-outside-toplevel
+        from ansible.executor.task_result import _WireTaskResult  # pylint: disable=import-outside-toplevel
+        final_queue.put(CallbackSend(method_name="v2_runner_on_async_poll", wire_task_result=_WireTaskResult(
+            host_name=host, task_uuid=task._uuid, return_data=look, task_fields=task.dump_attrs())))
+    except (ImportError, TypeError, AttributeError) as exc:
+        display.vvv("wait_for_model_ready [%s]: no structured progress event: %s" % (host, exc))
+        return False
+    return True
+
+
 def with_phase(reply):
     """The module's reply, with the phase and elapsed its RETURN docs promise on every failure.
 
@@ -136,7 +161,7 @@ class ActionModule(ActionBase):
             result = merge_hash(result, with_phase(self._execute_module(task_vars=task_vars, wrap_async=wrap_async)))
             if not wrap_async:
                 self._remove_tmp_path(self._connection._shell.tmpdir)
-            return result
+            return self._with_unit(result)
         host = task_vars.get("inventory_hostname", "?")
         try:
             reply = self._execute_module(module_args=dict(self._task.args, _follow={"interval": interval}),
@@ -146,13 +171,31 @@ class ActionModule(ActionBase):
                 reply = self._follow(host, follow, interval)
         finally:
             self._remove_tmp_path(self._connection._shell.tmpdir)
-        return merge_hash(result, with_phase(reply))
+        return self._with_unit(merge_hash(result, with_phase(reply)))
+
+    def _with_unit(self, result):
+        """The unit waited on, beside the verdict: which of a host's services a verdict is about."""
+        unit = self._task.args.get("unit")
+        if unit and "unit" not in result:
+            result = dict(result, unit=unit)
+        return result
+
+    def _look_event(self, host, look, line, job):
+        """One look as a structured event, for a stdout callback that is not for people."""
+        data = dict(look, modelwake_look=True, ansible_job_id=job, started=1, finished=0)
+        data.pop("failed", None)
+        if self._task.args.get("unit"):
+            data["unit"] = self._task.args["unit"]
+        if line:
+            data["progress"] = line.split(": ", 1)[1]
+        look_callback(host, self._task, data)
 
     def _follow(self, host, follow, interval):
         """Read the wait's file every interval until it holds the verdict; print a line each time."""
         quoted = dict((key, shlex.quote(str(value))) for key, value in follow.items())
         read = FOLLOW_COMMAND.format(interval=int(max(1, round(interval))), **quoted)
         to_stderr = lines_to_stderr()
+        job = "modelwake-wait-%s" % follow.get("pid")
         line = None
         done = False
         try:
@@ -174,9 +217,13 @@ class ActionModule(ActionBase):
                     # The log line and the numbers are part of the result no_log hides.
                     line = "wait_for_model_ready [%s]: waiting, %s (details hidden: no_log)" % (
                         host, duration(data["result"].get("elapsed") or 0))
+                    look = {"elapsed": data["result"].get("elapsed") or 0}
                 else:
                     line = progress_line(host, data["result"], data.get("info") or {})
+                    look = dict(data["result"], log_line=(data.get("info") or {}).get("log_line"))
                 display.display(line, stderr=to_stderr)
+                if to_stderr:
+                    self._look_event(host, look, line, job)
         finally:
             # Interrupted (the connection lost, the play stopped): the wait must not go on looking
             # on the host for nobody. Best effort: without a connection, its lease ends it.

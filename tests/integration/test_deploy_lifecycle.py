@@ -8,7 +8,9 @@ during load is the Molecule `deploy` scenario's.) Interrupted plays: a reboot in
 first deploy's held load (the unit, enabled before its restart, comes back by itself and loads at
 boot; the re-run only waits, through the phases, without a restart: the simulated engine's reboot
 mid-load), and a controller killed once the handlers begin (the next run still restarts the service
-onto its new unit, from the host's state alone).
+onto its new unit, from the host's state alone). The first deploy, a crashing one and the status
+looks go through the programmatic way in, `python -m modelwake` (ansible-runner), and read its JSON
+lines instead of Ansible's text.
 The guest is destroyed afterwards, also when a test fails.
 """
 import json
@@ -26,6 +28,7 @@ import pytest
 from guesthost import ROOT, TESTHOSTS, host_tool
 
 PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
+PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 # Per session: two pytest sessions (a developer's and a full `make integration`) never share a guest.
 GUEST = "mwl-%d" % (os.getpid() % 100000)
 UNIT = "sglang-k26"
@@ -40,6 +43,9 @@ FIRST_PORT = 30002
 HOLD = "/var/lib/mwl-hold-load"
 HELD = FAST + ["--hold-load", HOLD]
 HANDLER_WAIT = "RUNNING HANDLER [model_service : Wait for the restarted model service to be ready]"
+# The catalog's API key: in the engine's root-only environment file, never in an event or output.
+SECRET = "mwl-entry-secret-7f3a"
+PHASE_ORDER = ["not_started", "starting", "loading", "initializing", "ready"]
 
 pytestmark = [
     pytest.mark.slow,
@@ -117,7 +123,7 @@ class Guest(object):
                 "modelwake_models": {"k26": {
                     "engine": "sim", "engine_version": "0.1.0", "unit": UNIT, "port": 30001,
                     "model_path": "/srv/models/Kimi-K2.6-sim", "tp": 8, "gpus": list(range(8)),
-                    "extra_args": FAST, "conflicts": ["sglang-k26-ddtree"],
+                    "extra_args": FAST, "conflicts": ["sglang-k26-ddtree"], "api_key": SECRET,
                     "ready_timeout": 300, "stall_timeout": 60},
                     "first": {
                         "engine": "sim", "engine_version": "0.1.0", "unit": FIRST, "port": FIRST_PORT,
@@ -134,6 +140,24 @@ class Guest(object):
         env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                    PYTHONUNBUFFERED="1")
         return argv, env
+
+    def modelwake(self, command, extra=None):
+        """Run `python -m modelwake COMMAND` (ansible-runner); return (rc, its JSON objects, every
+        file ansible-runner kept of the run: events and Ansible's own output, as text)."""
+        artifacts = os.path.join(self.tmp, "runner-%s-%d" % (command, time.monotonic_ns()))
+        argv = [PYTHON, "-m", "modelwake", command, "-i", self.inventory, "--artifacts", artifacts]
+        if extra:
+            argv += ["-e", json.dumps(extra)]
+        proc = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              universal_newlines=True, timeout=900)
+        assert proc.stderr == "", proc.stderr  # nothing but the JSON lines, on stdout
+        objects = [json.loads(line) for line in proc.stdout.splitlines()]
+        kept = []
+        for directory, _dirs, files in os.walk(os.path.join(artifacts, "artifacts")):
+            for name in files:
+                with open(os.path.join(directory, name), errors="replace") as handle:
+                    kept.append(handle.read())
+        return proc.returncode, objects, "\n".join(kept)
 
     def play(self, playbook, extra=None):
         """Run a playbook; return (rc, output, seconds)."""
@@ -180,6 +204,16 @@ class Background(object):
         return rc, "".join(self.lines) + rest
 
 
+def of_kind(objects, kind, **match):
+    return [o for o in objects if o["event"] == kind and all(o.get(k) == v for k, v in match.items())]
+
+
+def in_order(phases):
+    """Whether the phases never go back in the order of a start."""
+    ranks = [PHASE_ORDER.index(phase) for phase in phases]
+    return ranks == sorted(ranks)
+
+
 def recap(output):
     match = re.search(r"^%s\s+: (.*)$" % re.escape(GUEST), output, re.M)
     assert match, output
@@ -195,9 +229,28 @@ def guest(tmp_path_factory):
         g.write_inventory(host_tool("addr", GUEST), host_tool("key"))
         rc, out, _ = g.play("playbooks/demo-model.yml")
         assert rc == 0, out
-        rc, out, _ = g.play("deploy-k26.yml")
-        assert rc == 0, out
-        assert '"2+2=" -> "4"' in out
+        # The first deploy through `python -m modelwake`, its live progress every 2 s as structured looks.
+        rc, objects, kept = g.modelwake("deploy", {"modelwake_progress_interval": 2})
+        assert rc == 0, objects
+        looks = of_kind(objects, "progress", host=GUEST)
+        assert looks and all(look["unit"] == UNIT + ".service" and look["line"].startswith(look["phase"])
+                             for look in looks), looks
+        # A look every 2 s: a 4 s load may fall between two, the verdict's phases have it.
+        assert in_order([look["phase"] for look in looks]) and any(look.get("bytes_read") for look in looks), looks
+        # The handler's wait followed the start through its phases (a look every 5 s: the 4 s load may
+        # fall between two); the role's own wait then found it ready.
+        restarted, verdict = of_kind(objects, "verdict", host=GUEST)
+        assert restarted["task"] == "Wait for the restarted model service to be ready", restarted
+        phases = [p["phase"] for p in restarted["phases"]]
+        assert len(phases) > 1 and in_order(phases) and phases[-1] == "ready", phases
+        assert verdict["unit"] == UNIT + ".service" and verdict["phase"] == "ready", verdict
+        assert of_kind(objects, "task_end", host=GUEST, task="Send the smoke completion", status="ok")
+        counts = of_kind(objects, "recap")[0]["hosts"][GUEST]
+        assert counts["failed"] == 0 and counts["unreachable"] == 0 and counts["changed"] > 0, counts
+        assert objects[-1]["event"] == "end" and objects[-1]["ok"] is True, objects[-1]
+        # The key went to the engine's environment file, and nowhere a pipeline or its logs see.
+        assert SECRET not in json.dumps(objects) and SECRET not in kept
+        assert '"2+2=" -> "4"' in kept
         yield g
     finally:
         host_tool("down", GUEST, check=False)
@@ -318,10 +371,24 @@ def test_preflight_stops_a_listed_unit_and_refuses_a_foreign_holder(guest):
     on_guest("rm -f %s" % (holder_file % "ddtree"))
 
 
-def test_status_stop_and_start_again(guest):
-    rc, out, _ = guest.play("playbooks/status.yml")
+def test_a_crashing_deploy_through_the_entry_point_ends_non_zero_with_the_evidence(guest):
+    crash = {"model_service_extra_args": FAST + ["--fault", "crash1:loading", "--fault-after", "1"]}
+    rc, objects, kept = guest.modelwake("deploy", crash)
+    assert rc == 1, objects
+    end = objects[-1]
+    assert end["event"] == "end" and end["ok"] is False and end["rc"] != 0, end
+    verdict = [v for v in end["verdicts"] if v["unit"] == UNIT + ".service"][0]
+    assert verdict["phase"] == "failed" and "CUDA out of memory" in json.dumps(verdict["evidence"]), verdict
+    assert SECRET not in json.dumps(objects) and SECRET not in kept
+    rc, out, _ = guest.play("deploy-k26.yml")
     assert rc == 0, out
-    assert re.search(r"%s\s+sglang-k26\s+ready\s" % GUEST, out), out
+    assert unit_state()["ActiveState"] == "active"
+
+
+def test_status_stop_and_start_again(guest):
+    rc, objects, _ = guest.modelwake("status")
+    assert rc == 0, objects
+    assert [(v["unit"], v["phase"]) for v in objects[-1]["verdicts"]] == [(UNIT + ".service", "ready")], objects[-1]
     rc, out, _ = guest.play("playbooks/stop.yml")
     assert rc == 0, out
     assert on_guest("systemctl is-active %s" % UNIT, check=False) == "inactive"
@@ -330,6 +397,9 @@ def test_status_stop_and_start_again(guest):
     assert on_guest("pgrep -u modelwake", check=False) == ""
     rc, out, _ = guest.play("playbooks/status.yml")
     assert rc == 0 and re.search(r"%s\s+sglang-k26\s+not_started\s" % GUEST, out), out
+    # Through the entry point the same look is a non-zero exit: not every service is ready.
+    rc, objects, _ = guest.modelwake("status")
+    assert rc == 1 and [v["phase"] for v in objects[-1]["verdicts"]] == ["not_started"], objects
     # A unit that is down gets started (no handler fires: nothing changed but the enablement) and waited on.
     rc, out, _ = guest.play("deploy-k26.yml")
     assert rc == 0, out
