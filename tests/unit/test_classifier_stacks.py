@@ -164,6 +164,30 @@ def test_costly_stack_reads_are_spaced_to_a_share_of_a_core(stall, read_cpu_s, g
     assert seen[-1][1].phase == "stalled"
     # The spin's bound grows by the gap at most: stall_timeout + 2 polls + the gap after the first read.
     assert seen[-1][0] <= reads[0] + stall + 2 * 5 + gap
+    # However far apart the reads, the verdict says where the ranks were at the latest one.
+    assert "; the ranks' stacks: TP0-1 in all_reduce (parallel_state.py:512)" in seen[-1][1].msg, seen[-1][1].msg
+
+
+@pytest.mark.parametrize("stall", [24, 26, 28, 30, 32, 34])
+def test_a_stall_names_the_ranks_also_when_the_latest_read_is_a_gap_old(stall):
+    # The real vLLM deploy's stopped worker: ranks that use no CPU, a 2 s poll, reads spaced by their
+    # cost up to stall_timeout / 4 apart; the stall falls anywhere between two reads.
+    cfg = config(engine="sglang", stall_timeout=stall, poll_interval=2)
+    seen = drive(cfg, Ranks("spin", INIT, read_cpu_s=0.05), until=300, poll=2, cores_per_rank=0.0)
+    assert seen[-1][1].phase == "stalled"
+    assert "; the ranks' stacks: TP0-1 in all_reduce (parallel_state.py:512)" in seen[-1][1].msg, seen[-1][1].msg
+
+
+def test_stacks_read_in_an_earlier_phase_are_not_shown_in_the_next():
+    cfg = config(engine="sglang", stall_timeout=600, poll_interval=5, expected_bytes=10 * 1024 ** 3)
+    ranks = Ranks("spin", [SGLANG_PREFIX + "Load weight begin. avail mem=90.00 GB"])
+    classifier = Classifier(cfg)
+    for t in (0, 5, 10, 15):  # a held load: silent, so its stacks are read
+        verdict = classifier.observe(ranks.look(t, classifier.stacks_due(t)))
+    assert verdict.phase == "loading" and verdict.where.startswith("TP0-1 in all_reduce")
+    ranks.lines = list(INIT)  # the load ends; this look is news, so it reads no stacks
+    verdict = classifier.observe(ranks.look(20, False))
+    assert verdict.phase == "initializing" and verdict.where == "", verdict.where
 
 
 def test_a_read_that_misses_a_live_process_keeps_what_the_last_one_saw():

@@ -134,8 +134,14 @@ class Classifier(object):
         last = st["stacks_t"]
         if last is None:
             return True
-        gap = min(st["stacks_cpu_s"] / STACKS_CPU_SHARE, cfg.stall_timeout * STACKS_GAP_OF_STALL)
-        return (t - st["t0"]) - last >= max(cfg.stacks_interval, gap) * 0.9
+        return (t - st["t0"]) - last >= self._stacks_gap() * 0.9
+
+    def _stacks_gap(self):
+        """Seconds between two reads of the stacks: stacks_interval, or more where the last read cost
+        enough CPU (STACKS_CPU_SHARE), never more than STACKS_GAP_OF_STALL x stall_timeout."""
+        cfg = self.config
+        gap = min(self.state["stacks_cpu_s"] / STACKS_CPU_SHARE, cfg.stall_timeout * STACKS_GAP_OF_STALL)
+        return max(cfg.stacks_interval, gap)
 
     # -- logs ---------------------------------------------------------------------------
     def _read_logs(self, lines, context):
@@ -564,8 +570,12 @@ class Classifier(object):
         st = self.state
         if st["stacks_t"] is None or not st["stacks"]:
             return []
-        fresh = 2 * max(self.config.stacks_interval, self.config.poll_interval) + 1
-        return list(st["stacks"].values()) if t - st["stacks_t"] <= fresh else []
+        # Reads are spaced by _stacks_gap() and fall on looks: the latest is that old plus up to a
+        # poll, and one more poll while the look that reads it runs.
+        # A read of an earlier phase says where the ranks were, not where they are.
+        fresh = max(self._stacks_gap(), self.config.poll_interval) + 2 * self.config.poll_interval + 1
+        this_phase = not st["phases"] or st["stacks_t"] >= st["phases"][-1]["start"]
+        return list(st["stacks"].values()) if t - st["stacks_t"] <= fresh and this_phase else []
 
     def _where_note(self, t):
         entries = self._recent_stacks(t)
