@@ -174,8 +174,10 @@ def test_a_stall_names_the_ranks_also_when_the_latest_read_is_a_gap_old(stall):
     # cost up to stall_timeout / 4 apart; the stall falls anywhere between two reads.
     cfg = config(engine="sglang", stall_timeout=stall, poll_interval=2)
     seen = drive(cfg, Ranks("spin", INIT, read_cpu_s=0.05), until=300, poll=2, cores_per_rank=0.0)
-    assert seen[-1][1].phase == "stalled"
-    assert "; the ranks' stacks: TP0-1 in all_reduce (parallel_state.py:512)" in seen[-1][1].msg, seen[-1][1].msg
+    verdict = seen[-1][1]
+    assert verdict.phase == "stalled"
+    assert "; the ranks' stacks: TP0-1 in all_reduce (parallel_state.py:512)" in verdict.msg, verdict.msg
+    assert [s["rank"] for s in verdict.stacks] == [None, 0, 1] and verdict.where.startswith("TP0-1 in all_reduce")
 
 
 def test_stacks_read_in_an_earlier_phase_are_not_shown_in_the_next():

@@ -572,9 +572,11 @@ class Classifier(object):
             return []
         # Reads are spaced by _stacks_gap() and fall on looks: the latest is that old plus up to a
         # poll, and one more poll while the look that reads it runs.
-        # A read of an earlier phase says where the ranks were, not where they are.
+        # A read of an earlier phase says where the ranks were, not where they are. The verdict that
+        # ends a phase (stalled, failed, timeout) is about that phase: its stacks stay.
         fresh = max(self._stacks_gap(), self.config.poll_interval) + 2 * self.config.poll_interval + 1
-        this_phase = not st["phases"] or st["stacks_t"] >= st["phases"][-1]["start"]
+        starts = [entry["start"] for entry in st["phases"] if entry["phase"] in PHASES]
+        this_phase = not starts or st["stacks_t"] >= starts[-1]
         return list(st["stacks"].values()) if t - st["stacks_t"] <= fresh and this_phase else []
 
     def _where_note(self, t):
