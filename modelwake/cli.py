@@ -73,35 +73,44 @@ def emit(obj, out=sys.stdout):
     out.flush()
 
 
-def run(command, inventories=(), extravars=None, limit=None, artifacts=None, out=sys.stdout):
-    """Run one command's playbook; write our events to `out`; return the exit status."""
+def run_playbook(playbook, private_dir, inventories=(), extravars=None, limit=None, on_object=None,
+                 timeout=None):
+    """Run a playbook of this checkout through ansible-runner, its record kept in `private_dir`.
+    Each of our objects goes to `on_object` as it comes; returns (ansible-runner's Runner, Events)."""
     import ansible_runner  # pylint: disable=import-outside-toplevel
 
     events = Events()
-    private = artifacts or tempfile.mkdtemp(prefix="modelwake-run-")
-    os.makedirs(private, exist_ok=True)
-    playbook = os.path.join(ROOT, PLAYBOOKS[command])
-    emit({"event": "start", "command": command, "playbook": PLAYBOOKS[command]}, out)
 
     def on_event(event):
         for obj in events.translate(event):
-            emit(obj, out)
+            if on_object:
+                on_object(obj)
         return True  # keep ansible-runner's own record of the event in the artifacts
 
+    os.makedirs(private_dir, exist_ok=True)
     envvars = {"ANSIBLE_CONFIG": os.path.join(ROOT, "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    runner = ansible_runner.run(
+        private_data_dir=private_dir, project_dir=ROOT, playbook=os.path.join(ROOT, playbook),
+        inventory=[os.path.abspath(path) for path in inventories] or None,
+        extravars=extravars or None, limit=limit, envvars=envvars, timeout=timeout,
+        quiet=True, event_handler=on_event)
+    return runner, events
+
+
+def run(command, inventories=(), extravars=None, limit=None, artifacts=None, out=sys.stdout):
+    """Run one command's playbook; write our events to `out`; return the exit status."""
+    private = artifacts or tempfile.mkdtemp(prefix="modelwake-run-")
+    emit({"event": "start", "command": command, "playbook": PLAYBOOKS[command]}, out)
     try:
-        result = ansible_runner.run(
-            private_data_dir=private, project_dir=ROOT, playbook=playbook,
-            inventory=[os.path.abspath(path) for path in inventories] or None,
-            extravars=extravars or None, limit=limit, envvars=envvars,
-            quiet=True, event_handler=on_event)
+        runner, events = run_playbook(PLAYBOOKS[command], private, inventories, extravars, limit,
+                                      on_object=lambda obj: emit(obj, out))
         if command in READINESS_COMMANDS:
-            ok = result.rc == 0 and events.all_ready()
+            ok = runner.rc == 0 and events.all_ready()
         else:
-            ok = result.rc == 0
+            ok = runner.rc == 0
         # The last verdict of each host and unit, evidence included: a failed run's last line says why.
         verdicts = [events.verdicts[key] for key in sorted(events.verdicts, key=str)]
-        emit({"event": "end", "status": result.status, "rc": result.rc, "ok": ok, "verdicts": verdicts}, out)
+        emit({"event": "end", "status": runner.status, "rc": runner.rc, "ok": ok, "verdicts": verdicts}, out)
         return 0 if ok else 1
     finally:
         if not artifacts:

@@ -1,15 +1,19 @@
 """One systemd test host (tools/testhosts) that an integration test deploys onto.
 
-Commands over SSH, systemd's view of a unit, and real `ansible-playbook` / `ansible` runs against
-the host through a repository inventory whose one host is pointed at the guest's address. Each
-pytest process names its guests after its PID, so parallel workers and a developer's own run never
-share one.
+Commands over SSH, systemd's view of a unit, and real playbook runs against the host through a
+repository inventory whose one host is pointed at the guest's address: through ansible-runner, as
+`python -m modelwake` runs them (modelwake/cli.py), so that the recap, the start's report and a
+failed wait's message come from the run's events, not from Ansible's text. Each pytest process
+names its guests after its PID, so parallel workers and a developer's own run never share one.
 """
 import json
 import os
-import re
+import shutil
 import subprocess
+import tempfile
 import time
+
+from modelwake.cli import run_playbook
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TESTHOSTS = os.path.join(ROOT, "tools", "testhosts")
@@ -50,17 +54,38 @@ class Timed(object):
         self.timings[self.label] = round(time.monotonic() - self.start, 1)
 
 
+# model_service's wait after its restart: when it ran, it followed the start; the role's own wait after
+# it only finds the service ready.
+RESTART_WAIT = "Wait for the restarted model service to be ready"
+
+
+class PlayOutput(str):
+    """A play's text (Ansible's own output, as ansible-playbook prints it), carrying the run's events
+    (modelwake/events.py) as `objects`: what recap(), report() and verdict_msg() read."""
+
+    def __new__(cls, text, objects):
+        output = str.__new__(cls, text)
+        output.objects = objects
+        return output
+
+
+def verdicts(output, unit=None):
+    return [o for o in output.objects if o["event"] == "verdict" and (unit is None or o.get("unit") == unit)]
+
+
 def verdict_msg(output):
-    """The failed wait's message in a play's output (the YAML result's msg)."""
-    match = re.search(r"^\s+msg: '?((failed|stalled)[^\n]*)", output, re.M)
-    return match.group(1)[:300] if match else None
+    """The message of the play's last wait that failed or stalled (None when none did)."""
+    failed = [v for v in verdicts(output) if v["phase"] in ("failed", "stalled")]
+    return (failed[-1].get("msg") or "")[:300] if failed else None
 
 
 def report(output, unit):
-    """model_service's 'Report how the start went' line: (seconds, [phases])."""
-    match = re.search(r"%s: ready after (\d+) s \(([^)]*)\)" % re.escape(unit), " ".join(output.split()))
-    assert match, output[-3000:]
-    return int(match.group(1)), match.group(2).split(" -> ")
+    """How the unit's start went, as model_service reports it: (seconds, [phases]) of the wait that
+    followed the restart, else of the role's own wait."""
+    waits = [v for v in verdicts(output, unit + ".service") if v["phase"] == "ready"]
+    assert waits, output[-3000:]
+    followed = [v for v in waits if v.get("task") == RESTART_WAIT] or waits
+    return followed[-1]["elapsed"], [phase["phase"] for phase in followed[-1]["phases"]]
 
 
 class GuestHost(object):
@@ -74,6 +99,7 @@ class GuestHost(object):
 
     def up(self, tmp):
         """Boot the guest and write the inventory override that points `host` at it."""
+        self.tmp = tmp
         host_tool("up", self.name)
         self.override = os.path.join(tmp, "address.yml")
         with open(self.override, "w") as handle:
@@ -123,23 +149,24 @@ class GuestHost(object):
                     ANSIBLE_FORCE_COLOR="0")
 
     def play(self, playbook, extra=None, timeout=900):
-        """ansible-playbook against the host; returns (rc, output)."""
-        argv = [os.path.join(BIN, "ansible-playbook"), "-i", self.inventory, "-i", self.override,
-                os.path.join(ROOT, playbook)]
-        if extra:
-            argv += ["-e", json.dumps(extra)]
-        proc = subprocess.run(argv, cwd=ROOT, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              universal_newlines=True, timeout=timeout)
-        return proc.returncode, proc.stdout
+        """A playbook of the repository against the host, through ansible-runner; returns (rc, PlayOutput)."""
+        private = tempfile.mkdtemp(prefix="play-", dir=self.tmp)
+        objects = []
+        try:
+            runner, _events = run_playbook(playbook, private, [self.inventory, self.override], extra,
+                                           on_object=objects.append, timeout=timeout)
+            return runner.rc, PlayOutput(runner.stdout.read(), objects)
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
 
     def deploy(self, extra=None):
         return self.play("deploy-k26.yml", extra)
 
     def recap(self, output):
-        """The play recap's counters for the host."""
-        match = re.search(r"^%s\s+: (.*)$" % re.escape(self.host), output, re.M)
-        assert match, output[-3000:]
-        return dict((k, int(v)) for k, v in re.findall(r"(\w+)=(\d+)", match.group(1)))
+        """The play recap's counters for the host (ok, changed, unreachable, failed, skipped, rescued, ignored)."""
+        recaps = [o["hosts"] for o in output.objects if o["event"] == "recap"]
+        assert recaps and self.host in recaps[-1], output[-3000:]
+        return recaps[-1][self.host]
 
     def wait(self, **args):
         """wait_for_model_ready run ad hoc on the guest by real Ansible; returns its result dict."""

@@ -30,7 +30,7 @@ import sys
 
 import pytest
 
-from guesthost import ROOT, GuestHost, Timed, report, until, verdict_msg
+from guesthost import RESTART_WAIT, ROOT, GuestHost, Timed, report, until, verdict_msg, verdicts
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import vllm_cpu  # noqa: E402  (needs tools/ on sys.path)
@@ -272,10 +272,11 @@ def test_truncated_shard_fails_with_the_safetensor_error(guest):
         rc, out = guest.deploy({"model_service_model_path": broken})
     assert rc == 2, out[-4000:]
     failed = out[out.index("Wait for the restarted model service to be ready"):]
-    VERDICTS["truncated shard"] = verdict_msg(failed)
-    assert "phase: failed" in failed, failed[-4000:]
+    verdict = verdicts(out, UNIT + ".service")[-1]
+    VERDICTS["truncated shard"] = verdict_msg(out)
+    assert verdict["phase"] == "failed" and verdict["task"] == RESTART_WAIT, verdict
     assert "SafetensorError" in failed and "incomplete metadata" in failed, failed[-4000:]
-    elapsed = int(re.search(r"^\s+elapsed: (\d+)", failed, re.M).group(1))
+    elapsed = verdict["elapsed"]
     TIMINGS["truncated shard: verdict after (module elapsed)"] = elapsed
     assert elapsed < 240, failed
 
