@@ -2,7 +2,7 @@
 
 Commands over SSH, systemd's view of a unit, and real playbook runs against the host through a
 repository inventory whose one host is pointed at the guest's address: through ansible-runner, as
-`python -m modelwake` runs them (modelwake/cli.py), so that the recap, the start's report and a
+`python -m modelwake_runner` runs them (modelwake_runner/cli.py), so that the recap, the start's report and a
 failed wait's message come from the run's events, not from Ansible's text. Each pytest process
 names its guests after its PID, so parallel workers and a developer's own run never share one.
 """
@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import time
 
-from modelwake.cli import run_playbook
+from modelwake_runner.cli import run_playbook
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TESTHOSTS = os.path.join(ROOT, "tools", "testhosts")
@@ -61,7 +61,7 @@ RESTART_WAIT = "Wait for the restarted model service to be ready"
 
 class PlayOutput(str):
     """A play's text (Ansible's own output, as ansible-playbook prints it), carrying the run's events
-    (modelwake/events.py) as `objects`: what recap(), report() and verdict_msg() read."""
+    (modelwake_runner/events.py) as `objects`: what recap(), report() and verdict_msg() read."""
 
     def __new__(cls, text, objects):
         output = str.__new__(cls, text)

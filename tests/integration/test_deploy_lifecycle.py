@@ -9,7 +9,7 @@ first deploy's held load (the unit, enabled before its restart, comes back by it
 boot; the re-run only waits, through the phases, without a restart: the simulated engine's reboot
 mid-load), and a controller killed once the handlers begin (the next run still restarts the service
 onto its new unit, from the host's state alone). The first deploy, a crashing one and the status
-looks go through the programmatic way in, `python -m modelwake` (ansible-runner), and read its JSON
+looks go through the programmatic way in, `python -m modelwake_runner` (ansible-runner), and read its JSON
 lines instead of Ansible's text.
 The guest is destroyed afterwards, also when a test fails.
 """
@@ -142,10 +142,10 @@ class Guest(object):
         return argv, env
 
     def modelwake(self, command, extra=None):
-        """Run `python -m modelwake COMMAND` (ansible-runner); return (rc, its JSON objects, every
+        """Run `python -m modelwake_runner COMMAND` (ansible-runner); return (rc, its JSON objects, every
         file ansible-runner kept of the run: events and Ansible's own output, as text)."""
         artifacts = os.path.join(self.tmp, "runner-%s-%d" % (command, time.monotonic_ns()))
-        argv = [PYTHON, "-m", "modelwake", command, "-i", self.inventory, "--artifacts", artifacts]
+        argv = [PYTHON, "-m", "modelwake_runner", command, "-i", self.inventory, "--artifacts", artifacts]
         if extra:
             argv += ["-e", json.dumps(extra)]
         proc = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -229,7 +229,7 @@ def guest(tmp_path_factory):
         g.write_inventory(host_tool("addr", GUEST), host_tool("key"))
         rc, out, _ = g.play("playbooks/demo-model.yml")
         assert rc == 0, out
-        # The first deploy through `python -m modelwake`, its live progress every 2 s as structured looks.
+        # The first deploy through `python -m modelwake_runner`, its live progress every 2 s as structured looks.
         rc, objects, kept = g.modelwake("deploy", {"modelwake_progress_interval": 2})
         assert rc == 0, objects
         looks = of_kind(objects, "progress", host=GUEST)

@@ -1,10 +1,10 @@
-"""modelwake/events.py: ansible-runner's events of a real deploy, replayed, and the cases a deploy
+"""modelwake_runner/events.py: ansible-runner's events of a real deploy, replayed, and the cases a deploy
 rarely shows at once (a failed wait, a censored one, a status loop, a skipped wait)."""
 import copy
 import json
 import os
 
-from modelwake.events import Events
+from modelwake_runner.events import Events
 
 FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "runner", "deploy-events.jsonl")
 WAIT = "modelwake.serving.wait_for_model_ready"

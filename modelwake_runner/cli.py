@@ -1,8 +1,8 @@
-"""`python -m modelwake deploy|status|stop`: the project's playbooks through ansible-runner, their
-events as JSON lines on stdout (modelwake/events.py), for pipelines and scripts.
+"""`python -m modelwake_runner deploy|status|stop`: the project's playbooks through ansible-runner, their
+events as JSON lines on stdout (modelwake_runner/events.py), for pipelines and scripts.
 
-    python -m modelwake deploy -i inventories/production -e modelwake_deploy_model=k26
-    python -m modelwake status -i inventories/production --limit k26-1
+    python -m modelwake_runner deploy -i inventories/production -e modelwake_deploy_model=k26
+    python -m modelwake_runner status -i inventories/production --limit k26-1
 
 Exit status: deploy and status 0 when every host ended without a failure and every model service
 waited on or looked at is ready, 1 otherwise; stop 0 when the play succeeded; 2 for bad arguments.
@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 
-from modelwake.events import Events
+from modelwake_runner.events import Events
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAYBOOKS = {
@@ -30,7 +30,7 @@ READINESS_COMMANDS = ("deploy", "status")
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="python -m modelwake", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m modelwake_runner", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=sorted(PLAYBOOKS), help="which playbook to run")
     parser.add_argument("-i", "--inventory", action="append", default=[],
                         help="inventory path (repeatable); default: the one in ansible.cfg (inventories/demo)")
