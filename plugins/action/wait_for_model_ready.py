@@ -19,8 +19,8 @@ other, so that a machine-readable stdout (the json callback) stays intact. With 
 each look is also a structured event: the `v2_runner_on_async_poll` callback that Ansible sends for a
 background job it polls (which the wait is), with the look as its result (`modelwake_look: true`,
 the line as `progress`). ansible-runner makes it a `runner_on_async_poll` event, so AWX and any
-runner consumer follow the wait without reading text (modelwake_runner/cli.py). No following with task-level `async` (the
-module then runs in the background as before) or with `modelwake_progress_interval: 0`; `timeout: 0`
+runner consumer follow the wait without reading text (modelwake_runner/cli.py). No following with
+task-level `async` (the module then runs in the background as before) or with `modelwake_progress_interval: 0`; `timeout: 0`
 and check mode look once and print nothing.
 """
 from __future__ import annotations
