@@ -182,10 +182,8 @@ class ActionModule(ActionBase):
 
     def _look_event(self, host, look, line, job):
         """One look as a structured event, for a stdout callback that is not for people."""
-        data = dict(look, modelwake_look=True, ansible_job_id=job, started=1, finished=0)
+        data = self._with_unit(dict(look, modelwake_look=True, ansible_job_id=job, started=1, finished=0))
         data.pop("failed", None)
-        if self._task.args.get("unit"):
-            data["unit"] = self._task.args["unit"]
         if line:
             data["progress"] = line.split(": ", 1)[1]
         look_callback(host, self._task, data)
