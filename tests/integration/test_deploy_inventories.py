@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from ansible_collections.modelwake.serving.plugins.lookup.catalog_entry_problems import entry_problems
+from ansible_collections.modelwake.serving.plugins.lookup.host_models_problems import host_models_problems
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INVENTORY = os.path.join(ROOT, ".venv", "bin", "ansible-inventory")
@@ -45,13 +46,16 @@ def test_every_host_model_is_a_valid_catalog_entry(name):
         catalog = hostvars["modelwake_models"]
         for key, entry in catalog.items():
             assert entry_problems(entry, key) == [], name
-        for model in hostvars.get("modelwake_host_models", []) + [hostvars.get("modelwake_deploy_model")]:
+        assert hostvars.get("modelwake_host_models"), "%s: %s serves nothing" % (name, host)
+        for model in hostvars["modelwake_host_models"]:
             assert model in catalog, "%s: %s serves %s, which is not in the catalog" % (name, host, model)
+        assert host_models_problems(catalog, hostvars["modelwake_host_models"], host) == [], name
 
 
 def test_production_models_the_k26_story():
     hostvars = inventory("production")["_meta"]["hostvars"]["k26-gpu01"]
-    k26 = hostvars["modelwake_models"][hostvars["modelwake_deploy_model"]]
+    assert hostvars["modelwake_host_models"] == ["k26"]
+    k26 = hostvars["modelwake_models"]["k26"]
     assert (k26["unit"], k26["port"], k26["tp"], k26["gpus"]) == ("sglang-k26", 30001, 8, list(range(8)))
     assert "sglang-k26-ddtree" in k26["conflicts"]
     units = set(m["unit"] for m in hostvars["modelwake_models"].values())
@@ -60,26 +64,44 @@ def test_production_models_the_k26_story():
 
 def test_demo_deploys_the_simulated_k26_on_30001():
     hostvars = inventory("demo")["_meta"]["hostvars"]["demo-k26"]
-    k26 = hostvars["modelwake_models"][hostvars["modelwake_deploy_model"]]
+    assert hostvars["modelwake_host_models"] == ["k26"]
+    k26 = hostvars["modelwake_models"]["k26"]
     assert (k26["engine"], k26["sim_protocol"], k26["unit"], k26["port"], k26["tp"]) == ("sim", "sglang", "sglang-k26",
                                                                                          30001, 8)
     assert hostvars["modelwake_demo_model_shards"] == 64
 
 
-def test_a_misspelt_catalog_key_is_refused_before_any_host_is_contacted(tmp_path):
-    # The host is a documentation address: any task that reached it would fail UNREACHABLE instead.
+def deploy_unreachable_host(tmp_path, name, host_vars):
+    """deploy-k26.yml against a host at a documentation address: any task that reached it would fail
+    UNREACHABLE instead. Returns the output on one line."""
     inventory_file = tmp_path / "hosts.json"
     inventory_file.write_text(json.dumps({"all": {
-        "children": {"model_hosts": {"hosts": {"gpu-typo": {"ansible_host": "192.0.2.44"}}}},
-        "vars": {"modelwake_deploy_model": "k26", "modelwake_models": {"k26": {
-            "engine": "sglang", "engine_version": "0.5.9", "unit": "sglang-k26", "port": 30001,
-            "model_path": "/srv/models/k26", "stall_timout": 300}}}}}))
+        "children": {"model_hosts": {"hosts": {name: dict(host_vars, ansible_host="192.0.2.44")}}}}}))
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     proc = subprocess.run([PLAYBOOK, "-i", str(inventory_file), os.path.join(ROOT, "deploy-k26.yml")], cwd=ROOT,
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
                           timeout=120)
     flat = " ".join(proc.stdout.split())
     assert proc.returncode == 2, flat
+    return flat
+
+
+def test_a_misspelt_catalog_key_is_refused_before_any_host_is_contacted(tmp_path):
+    flat = deploy_unreachable_host(tmp_path, "gpu-typo", {"modelwake_deploy_model": "k26", "modelwake_models": {"k26": {
+        "engine": "sglang", "engine_version": "0.5.9", "unit": "sglang-k26", "port": 30001,
+        "model_path": "/srv/models/k26", "stall_timout": 300}}})
     assert ("The catalog entry is refused, nothing was changed: modelwake_models.k26.stall_timout is not a "
             "catalog key: did you mean stall_timeout?") in flat
     assert "gpu-typo : ok=1 changed=0 unreachable=0 failed=1" in flat, flat
+
+
+def test_models_sharing_gpus_or_a_port_are_refused_before_any_host_is_contacted(tmp_path):
+    entry = {"engine": "sglang", "engine_version": "0.5.9", "model_path": "/srv/models/m", "tp": 2}
+    flat = deploy_unreachable_host(tmp_path, "gpu-crowded", {
+        "modelwake_host_models": ["big", "small"],
+        "modelwake_models": {"big": dict(entry, unit="sglang-big", port=30001, gpus=[0, 1]),
+                             "small": dict(entry, unit="sglang-small", port=30001, gpus=[1, 2])}})
+    assert ("The host's models are refused, nothing was changed: modelwake_host_models on gpu-crowded: big and "
+            "small both listen on port 30001 (modelwake_models.big.port, modelwake_models.small.port): give each "
+            "model its own port; modelwake_host_models on gpu-crowded: big and small both use GPU 1") in flat, flat
+    assert "gpu-crowded : ok=2 changed=0 unreachable=0 failed=1" in flat, flat

@@ -2,6 +2,7 @@
 protocol: deployed by deploy-k26.yml (inventories/vllm-cpu, catalog entry `sim-sglang`) onto its own
 systemd test host, so that both engines' semantics stay covered and this file runs beside the real one.
 
+  a second model beside it   both deployed in one run, each its own unit and port; the first untouched
   damaged copy               refused by the preflight naming each shard; the ready unit untouched
   upgrade that cannot start  rolled back to the exact previous packages, ready again, the play failed
   crash exit 0 after ready   the unit comes back by itself, the launcher names the exit
@@ -21,7 +22,7 @@ import shutil
 
 import pytest
 
-from guesthost import ROOT, GuestHost, Timed, until, verdict_msg
+from guesthost import ROOT, GuestHost, Timed, until, verdict_msg, verdicts
 
 HOST = "vllm-cpu"  # the inventory's host name; the catalog entry chooses what it runs
 VM = GuestHost("mws", os.path.join(ROOT, "inventories", "vllm-cpu"), HOST)
@@ -83,6 +84,28 @@ DAMAGES = {
         "start = 8 + struct.unpack('<Q', f.read(8))[0]; f.truncate(start); os.posix_fallocate(f.fileno(), 0, size)\"",
         "-eq", "all zeros: allocated and never written"),
 }
+
+
+def test_two_models_on_one_host_in_one_run(sim):
+    """modelwake_host_models deploys every model of the host, one after the other, each restarted only
+    if it changed: sim-sglang (ready, unchanged) keeps its process, sim-sglang-small is installed and
+    started beside it on its own unit, port and GPU."""
+    second_unit, second_port = "sglang-sim-small", 30002
+    before = VM.unit_state(UNIT)
+    both = {k: v for k, v in SIM.items() if k != "modelwake_deploy_model"}
+    try:
+        with timed("a second model beside the first, one run"):
+            rc, out = VM.deploy(dict(both, modelwake_host_models=["sim-sglang", "sim-sglang-small"]))
+        assert rc == 0, out[-4000:]
+        waits = [(v.get("unit"), v["phase"]) for v in verdicts(out)]
+        assert (UNIT + ".service", "ready") in waits and (second_unit + ".service", "ready") in waits, waits
+        after = VM.unit_state(UNIT)
+        assert (after["MainPID"], after["InvocationID"]) == (before["MainPID"], before["InvocationID"]), after
+        assert VM.unit_state(second_unit)["ActiveState"] == "active"
+        assert VM.completion(PORT) != "" and VM.completion(second_port) != ""
+        assert "--port 30002" in VM.sh("systemctl cat %s" % second_unit)
+    finally:
+        VM.sh("systemctl disable --now %s" % second_unit, check=False)
 
 
 def test_damaged_copy_is_refused_before_any_change(sim):
@@ -204,3 +227,4 @@ def test_port_taken_fails(sim):
     flat = " ".join(out.split())
     assert rc == 2 and "phase: failed" in flat, flat[-4000:]
     assert "port %d is held by another process" % PORT in flat, flat[-4000:]
+
