@@ -230,7 +230,8 @@ def test_the_scrape_targets_are_file_sd_json_one_per_host_and_model(tmp_path):
                           universal_newlines=True, timeout=300)
     # The host whose model is not in the catalog fails, naming it; the others' targets are written.
     assert proc.returncode == 2, proc.stdout
-    assert "modelwake_host_models of typo names pubb, not in the model catalog" in " ".join(proc.stdout.split())
+    said = " ".join(proc.stdout.split())
+    assert "modelwake_host_models of typo names pubb, not in the model catalog" in said
     with open(str(out)) as handle:
         targets = json.load(handle)
     # file_sd: a list of {targets: [host:port, ...], labels: {name: value}}, nothing else.
@@ -247,4 +248,4 @@ def test_the_scrape_targets_are_file_sd_json_one_per_host_and_model(tmp_path):
         {"targets": ["192.0.2.20:30003"], "labels": {"name": "sglang-pair.service", "model": "pair"}},
         {"targets": ["198.51.100.7:8000"], "labels": {"name": "vllm-bound.service", "model": "bound"}},
     ]
-    assert "left out, bound to loopback" in proc.stdout and "gpu01 vllm-local.service" in proc.stdout
+    assert "4 targets in %s; left out, bound to loopback" % out in said and "gpu01 vllm-local.service" in said
