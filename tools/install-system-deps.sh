@@ -17,5 +17,21 @@ echo "Installing Debian packages: ${missing[*]}"
 sudo_cmd=()
 [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
 export DEBIAN_FRONTEND=noninteractive
+# Debian starts a packaged daemon on install and enables it for boot; of prometheus only promtool is
+# wanted. A policy-rc.d that refuses every start (unless the machine has its own) keeps the install
+# from starting anything, and the server stays disabled afterwards.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\n# tools/install-system-deps.sh: no daemon starts during this install\nexit 101\n' \
+    | "${sudo_cmd[@]}" tee "$policy" >/dev/null
+  "${sudo_cmd[@]}" chmod 0755 "$policy"
+  trap '"${sudo_cmd[@]}" rm -f "$policy"' EXIT
+fi
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+for pkg in "${missing[@]}"; do
+  if [ "$pkg" = prometheus ]; then
+    # Works without a running systemd too (it removes the boot symlink); upgrades keep it disabled.
+    "${sudo_cmd[@]}" systemctl disable --quiet prometheus.service
+  fi
+done

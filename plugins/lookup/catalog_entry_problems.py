@@ -70,6 +70,7 @@ CATALOG = {
     "nodes_group": {"type": "str"},
     "ready_timeout": {"type": "int"},
     "stall_timeout": {"type": "int"},
+    "expected_load_seconds": {"type": "int"},
     "sim_protocol": {"type": "str", "choices": ["sglang", "vllm"]},
     "sim_fake_gpus": {"type": "bool"},
 }

@@ -62,7 +62,7 @@ class Launch(object):
         self.url = "http://127.0.0.1:%d" % self.port
         argv = [sys.executable, "-m", "modelwake", "launch", "--url", self.url, "--engine", "sglang",
                 "--model-path", model_dir, "--poll-interval", "0.5", "--stall-timeout", "6", "--stop-timeout", "5",
-                "--name", "sim-test"] + list(launcher_args) + [
+                "--name", "sim-test.service"] + list(launcher_args) + [
                 "--", sys.executable, "-m", "modelwake_sim", "serve", "--engine", "sglang", "--model-path", model_dir,
                 "--port", str(self.port), "--tp", "2"] + FAST + list(sim_args)
         environ = dict(os.environ, PYTHONPATH=pythonpath, NOTIFY_SOCKET=self.listener.address)
@@ -245,7 +245,7 @@ def test_an_exit_0_after_ready_still_ends_the_launcher_non_zero(launch, tmp_path
     assert "failed: the engine exited after it was ready (exit status 0)" in err
     assert "Rank 0 scheduler is dead" in err  # the evidence from the engine's last lines
     assert run.survivors() == []
-    assert 'modelwake_phase{unit="sim-test",phase="failed"} 1' in open(textfile).read().splitlines()
+    assert 'modelwake_phase{name="sim-test.service",phase="failed"} 1' in open(textfile).read().splitlines()
 
 
 def test_sigterm_during_the_load_leaves_no_process(launch):

@@ -19,14 +19,24 @@ from traces import K26_EXPECTED_BYTES, MIB, config, http, k26_start
 
 def test_prometheus_text_has_one_gauge_per_phase_and_the_load_numbers():
     verdict = Verdict(phase="loading", msg="", bytes_read=1234, fraction=0.5, eta=60.0, since=10.0)
-    text = prometheus_text('sglang-"k26"', verdict)
+    text = prometheus_text('sglang-"k26".service', verdict, 1764480010.5, expected_load=930)
     lines = text.splitlines()
-    assert 'modelwake_phase{unit="sglang-\\"k26\\"",phase="loading"} 1' in lines
-    assert 'modelwake_phase{unit="sglang-\\"k26\\"",phase="ready"} 0' in lines
+    name = 'name="sglang-\\"k26\\".service"'
+    assert 'modelwake_phase{%s,phase="loading"} 1' % name in lines
+    assert 'modelwake_phase{%s,phase="ready"} 0' % name in lines
     assert sum(1 for line in lines if line.startswith("modelwake_phase{")) == 8
-    assert 'modelwake_bytes_read{unit="sglang-\\"k26\\""} 1234' in lines
-    assert 'modelwake_load_eta_seconds{unit="sglang-\\"k26\\""} 60.0' in lines
-    assert not any(line.startswith("modelwake_read_rate_bytes{") for line in lines)  # unknown: left out
+    assert "# TYPE modelwake_read_bytes_total counter" in lines
+    assert 'modelwake_read_bytes_total{%s} 1234' % name in lines
+    assert 'modelwake_load_ratio{%s} 0.5' % name in lines
+    assert 'modelwake_load_eta_seconds{%s} 60.0' % name in lines
+    assert 'modelwake_phase_start_timestamp_seconds{%s} 1764480010.5' % name in lines
+    assert 'modelwake_load_expected_seconds{%s} 930' % name in lines
+
+
+def test_prometheus_text_leaves_out_what_is_unknown():
+    lines = prometheus_text("sglang-k26.service", Verdict(phase="starting", msg=""), 1764480000.0).splitlines()
+    families = sorted(set(line.split()[2] for line in lines if line.startswith("# TYPE ")))
+    assert families == ["modelwake_phase", "modelwake_phase_start_timestamp_seconds"]
 
 
 def test_textfile_is_replaced_atomically(tmp_path):
@@ -71,11 +81,14 @@ def receiver():
     got.sock.close()
 
 
+WALL_START = 1764480000.0  # the wall clock when the replayed start began
+
+
 def replay_start(receiver, story, cfg, textfile=None):
     clock = FakeClock()
     probe = ReplayProbe(clock, lambda trace, t: story[t])
     reporter = Reporter(Notifier({"NOTIFY_SOCKET": receiver.address}), clock, extend_seconds=cfg.stall_timeout + 40,
-                        name="sglang-k26", textfile=textfile)
+                        name="sglang-k26.service", textfile=textfile, wall_clock=lambda: WALL_START)
     verdicts = {}
 
     def on_snapshot(snap, verdict):
@@ -108,7 +121,11 @@ def test_a_k26_start_tells_systemd_each_phase_extends_while_progressing_and_read
     # A status at least every 30 s while starting, even when the text does not change.
     status_times = receiver.times("STATUS")
     assert max(b - a for a, b in zip(status_times, status_times[1:])) <= 30
-    assert 'modelwake_phase{unit="sglang-k26",phase="ready"} 1' in open(textfile).read().splitlines()
+    metrics = open(textfile).read().splitlines()
+    assert 'modelwake_phase{name="sglang-k26.service",phase="ready"} 1' in metrics
+    # The phase's start in wall-clock time: the launcher's start plus the ready verdict's own since.
+    assert 'modelwake_phase_start_timestamp_seconds{name="sglang-k26.service"} %s' % (
+        WALL_START + verdicts[1250].since) in metrics
 
 
 def test_a_hang_stops_the_extensions_and_never_says_ready(receiver):
@@ -158,4 +175,7 @@ def test_bad_options_name_the_field(tmp_path):
         build_launch_config(options, {})
     options = parse_args(["--url", "http://127.0.0.1:1", "--textfile", str(tmp_path / "no" / "x.prom"), "--", "true"])
     with pytest.raises(ModelWakeError, match="^textfile: "):
+        build_launch_config(options, {})
+    options = parse_args(["--url", "http://127.0.0.1:1", "--expected-load-seconds", "0", "--", "true"])
+    with pytest.raises(ModelWakeError, match="^expected-load-seconds: must be greater than 0"):
         build_launch_config(options, {})

@@ -118,6 +118,10 @@ def rendered(tmp_path_factory):
                    "model_service_launcher": True,
                    "model_service_extra_args": ["--note", "50% of $HOME \"q\"", "--x", "%h"],
                    "model_service_limits": {"LimitMEMLOCK": "infinity"}},
+        "metricsoff": {"model_service_engine": "sglang", "model_service_unit": "sglang-quiet",
+                       "model_service_model_path": k26, "model_service_launcher": True,
+                       "model_service_engine_metrics": False, "model_service_expected_load_seconds": 930,
+                       "model_service_launcher_textfile": "/var/lib/node_exporter/textfile/sglang-quiet.prom"},
     }
     groups = {"pair": {"hosts": {"node0": {}, "node1": {}}}}
     proc, root = run_play(tmp_path, hosts, groups)
@@ -141,7 +145,7 @@ def test_sglang_exec_start_is_exact(rendered):
     unit = read(rendered, "sglang", "unit.service")
     assert exec_start(unit) == (
         "ExecStart=%s/bin/python -m sglang.launch_server --model-path %s --tp 8 --host 127.0.0.1 --port 30001 "
-        "--attention-backend triton --disable-cuda-graph --trust-remote-code" % (VENV, rendered["k26"]))
+        "--enable-metrics --attention-backend triton --disable-cuda-graph --trust-remote-code" % (VENV, rendered["k26"]))
     assert directive(unit, "Conflicts") == ["sglang-k26-ddtree.service"]
     assert directive(unit, "Environment")[-2:] == ["CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7"]
     assert "nvidia-persistenced.service nvidia-fabricmanager.service" in directive(unit, "After")
@@ -152,7 +156,7 @@ def test_sglang_exec_start_is_exact(rendered):
 def test_sglang_api_key_goes_through_a_config_file(rendered):
     unit = read(rendered, "sglangkey", "unit.service")
     conf = os.path.join(str(rendered["root"]), "sglangkey", "etc", "sglang-pub.sglang.yaml")
-    assert exec_start(unit).endswith("--host 0.0.0.0 --port 30001 --config %s" % conf)
+    assert exec_start(unit).endswith("--host 0.0.0.0 --port 30001 --enable-metrics --config %s" % conf)
     with open(conf) as handle:
         assert 'api-key: "%s"' % SECRET in handle.read()
     assert stat.S_IMODE(os.stat(conf).st_mode) == 0o640
@@ -201,13 +205,24 @@ def test_launcher_makes_a_notify_unit_and_words_are_quoted_for_systemd(rendered)
     assert exec_start(unit) == (
         'ExecStart={venv}/bin/python /opt/modelwake/lib/modelwake-launch --url http://127.0.0.1:30001 --engine vllm '
         '--model {k26} --model-path {k26} --ready-check completion --timeout 3600 --stall-timeout 600 '
-        '--poll-interval 5 --extend-timeout 640 --stop-timeout 110 --name vllm-notify -- '
+        '--poll-interval 5 --extend-timeout 640 --stop-timeout 110 --name vllm-notify.service -- '
         '{venv}/bin/python -m vllm.entrypoints.openai.api_server '
         '--model {k26} --host 127.0.0.1 --port 30001 --tensor-parallel-size 1 '
         '--note "50%% of $$HOME \\"q\\"" --x %%h'.format(venv=VENV, k26=rendered["k26"]))
     assert "LimitMEMLOCK=infinity" in unit.splitlines()
     # The start timeout is the launcher's stall budget (stall 600 s + 2 polls + 30 s), renewed on progress.
     assert directive(unit, "TimeoutStartSec") == ["640"]
+
+
+def test_sglang_metrics_can_be_switched_off_and_the_textfile_gets_the_expected_load(rendered):
+    line = exec_start(read(rendered, "metricsoff", "unit.service"))
+    # The launcher labels the textfile with the unit's full name, as node_exporter's systemd collector does.
+    assert " --name sglang-quiet.service --textfile /var/lib/node_exporter/textfile/sglang-quiet.prom" \
+           " --expected-load-seconds 930 -- " in line
+    engine = line.split(" -- ", 1)[1]
+    assert engine.startswith("%s/bin/python -m sglang.launch_server " % VENV) and "--enable-metrics" not in engine
+    # Without a textfile there is nothing to write the expected load time to.
+    assert "--expected-load-seconds" not in exec_start(read(rendered, "notify", "unit.service"))
 
 
 PTRACE_CASES = {
@@ -279,6 +294,7 @@ BAD_INPUTS = [
     ({"model_service_tp": 4, "model_service_gpus": [0, 1]}, "at least\nmodel_service_tp entries"),
     ({"model_service_model_path": "/nonexistent/model"}, "has no config.json or no *.safetensors"),
     ({"model_service_engine": "tgi"}, "model_service_engine"),
+    ({"model_service_expected_load_seconds": "15m"}, "model_service_expected_load_seconds (15m) whole seconds"),
 ]
 
 

@@ -84,26 +84,37 @@ def ambient_capability_dropper():
 
 
 # -- Prometheus textfile -----------------------------------------------------------------
+# In Prometheus' own conventions (promtool check metrics): counters end in _total, a 0..1 value in
+# _ratio, a point in time is _timestamp_seconds since the epoch; the unit is the label `name`, its
+# full name, as node_exporter's systemd collector labels it, so the two join on(name).
 def _label(value):
     return str(value).replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
 
 
-def prometheus_text(name, verdict):
-    """node_exporter textfile-collector metrics for one verdict (one gauge per phase, 1 = now)."""
-    unit = _label(name)
-    lines = ["# HELP modelwake_phase Start-up phase of the model server (1 for the current one).",
+def prometheus_text(name, verdict, phase_started, expected_load=None):
+    """node_exporter textfile-collector metrics for one verdict of the unit `name` (its full name,
+    e.g. sglang-k26.service). phase_started: when the current phase began, wall-clock seconds since
+    the epoch; expected_load: the expected load time in seconds, or None. A value still unknown
+    (no bytes read yet, no ETA) is left out rather than written as 0."""
+    labels = 'name="%s"' % _label(name)
+    lines = ["# HELP modelwake_phase Start-up phase of the model server: 1 for the current one, 0 for the others.",
              "# TYPE modelwake_phase gauge"]
     for phase in PHASES + TERMINAL:
-        lines.append('modelwake_phase{unit="%s",phase="%s"} %d' % (unit, phase, 1 if phase == verdict.phase else 0))
-    gauges = [("modelwake_bytes_read", "Bytes the server's processes read from disk.", verdict.bytes_read),
-              ("modelwake_read_rate_bytes", "Disk read rate over the last minute, bytes per second.", verdict.read_rate),
-              ("modelwake_load_fraction", "Fraction of the weights loaded (0 to 1).", verdict.fraction),
-              ("modelwake_load_eta_seconds", "Estimated seconds until loading ends.", verdict.eta),
-              ("modelwake_phase_since_seconds", "Seconds since start-up when the current phase began.", verdict.since)]
-    for metric, text, value in gauges:
+        lines.append('modelwake_phase{%s,phase="%s"} %d' % (labels, phase, 1 if phase == verdict.phase else 0))
+    families = [
+        ("modelwake_phase_start_timestamp_seconds", "gauge",
+         "When the current phase began, seconds since the epoch.", phase_started),
+        ("modelwake_read_bytes_total", "counter",
+         "Bytes the server's processes read from disk since the launcher started them.", verdict.bytes_read),
+        ("modelwake_load_ratio", "gauge", "Share of the model's weights loaded, 0 to 1.", verdict.fraction),
+        ("modelwake_load_eta_seconds", "gauge", "Estimated seconds until loading ends.", verdict.eta),
+        ("modelwake_load_expected_seconds", "gauge",
+         "Expected load time in seconds (--expected-load-seconds, e.g. the preflight's estimate).", expected_load),
+    ]
+    for metric, kind, text, value in families:
         if value is not None:
-            lines += ["# HELP %s %s" % (metric, text), "# TYPE %s gauge" % metric,
-                      '%s{unit="%s"} %s' % (metric, unit, value)]
+            lines += ["# HELP %s %s" % (metric, text), "# TYPE %s %s" % (metric, kind),
+                      "%s{%s} %s" % (metric, labels, value)]
     return "\n".join(lines) + "\n"
 
 
@@ -122,19 +133,23 @@ def write_textfile(path, text):
 
 # -- what to tell systemd ------------------------------------------------------------------
 class Reporter(object):
-    """Decides, after each snapshot, what systemd hears. Clock injected: no I/O of its own
-    beyond the notifier and the optional textfile, so tests replay a start with a fake clock."""
+    """Decides, after each snapshot, what systemd hears. Clocks injected: no I/O of its own
+    beyond the notifier and the optional textfile, so tests replay a start with a fake clock.
+    clock is the monotonic one the wait runs on; wall_clock (time.time) is read once, here, only to
+    date the phases for Prometheus: a later jump of the wall clock moves no phase."""
 
     def __init__(self, notifier, clock, extend_seconds, name="model", textfile=None, log=None,
-                 status_every=STATUS_EVERY):
+                 status_every=STATUS_EVERY, wall_clock=time.time, expected_load=None):
         self.notifier = notifier
         self.clock = clock
         self.extend_seconds = extend_seconds
         self.name = name
         self.textfile = textfile
+        self.expected_load = expected_load
         self.log = log or (lambda text: None)
         self.status_every = status_every
         self.start = clock()
+        self.wall_start = wall_clock()
         self.last_status = None
         self.last_status_at = None
         self.last_progress_t = None
@@ -175,7 +190,9 @@ class Reporter(object):
                 self.notifier.send(*fields)
                 self._say_once(self.notifier.error)
         if self.textfile:
-            self._say_once(write_textfile(self.textfile, prometheus_text(self.name, verdict)))
+            # verdict.since counts from the wait's start, which is this reporter's start.
+            text = prometheus_text(self.name, verdict, self.wall_start + verdict.since, self.expected_load)
+            self._say_once(write_textfile(self.textfile, text))
 
 
 # -- the engine's output ------------------------------------------------------------------
@@ -365,9 +382,14 @@ def parse_args(argv):
                              "(default: stall timeout + 2 polls + 30)")
     parser.add_argument("--stop-timeout", type=float, default=30,
                         help="seconds the engine gets after SIGTERM before SIGKILL (keep below TimeoutStopSec)")
-    parser.add_argument("--name", default="model", help="unit label for the Prometheus textfile")
+    parser.add_argument("--name", default="model",
+                        help="the unit's full name (sglang-k26.service): the `name` label of the Prometheus "
+                             "textfile, as node_exporter's systemd collector labels units")
     parser.add_argument("--textfile", default=None,
                         help="write Prometheus metrics here (node_exporter textfile collector, *.prom)")
+    parser.add_argument("--expected-load-seconds", type=float, default=None,
+                        help="expected load time (the preflight's), written to the textfile for the "
+                             "slower-than-expected alert (default: unknown, left out)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the engine command and its arguments")
     options = parser.parse_args(argv)
     command = options.command[1:] if options.command[:1] == ["--"] else options.command
@@ -412,6 +434,9 @@ def build_launch_config(options, environ):
                              "got %s" % (minimum, options.extend_timeout))
     if options.textfile and not os.path.isdir(os.path.dirname(os.path.abspath(options.textfile))):
         raise ModelWakeError("textfile: the directory of %s does not exist" % options.textfile)
+    if options.expected_load_seconds is not None and not options.expected_load_seconds > 0:
+        raise ModelWakeError("expected-load-seconds: must be greater than 0 (leave it out when unknown), got %s"
+                             % options.expected_load_seconds)
     return config
 
 
@@ -420,12 +445,13 @@ def engine_environment(environ):
 
 
 class Launcher(object):
-    def __init__(self, options, environ=None, out=None, err=None, clock=time.monotonic):
+    def __init__(self, options, environ=None, out=None, err=None, clock=time.monotonic, wall_clock=time.time):
         self.options = options
         self.environ = os.environ if environ is None else environ
         self.out = out if out is not None else sys.stdout.buffer
         self.err = err if err is not None else sys.stderr
         self.clock = clock
+        self.wall_clock = wall_clock
         self.engine = None
         self.stop_signal = None
 
@@ -456,7 +482,9 @@ class Launcher(object):
     def _final_textfile(self, phase, msg):
         """The last word for node_exporter when no look follows (stopped, or exited after ready)."""
         if self.options.textfile:
-            error = write_textfile(self.options.textfile, prometheus_text(self.options.name, Verdict(phase, msg)))
+            text = prometheus_text(self.options.name, Verdict(phase, msg), self.wall_clock(),
+                                   self.options.expected_load_seconds)
+            error = write_textfile(self.options.textfile, text)
             if error:
                 self.log(error)
 
@@ -506,7 +534,8 @@ class Launcher(object):
             return EXIT_FAILED
         probe.sources.append(engine.output)
         reporter = Reporter(notifier, self.clock, options.extend_timeout, name=options.name,
-                            textfile=options.textfile, log=self.log)
+                            textfile=options.textfile, log=self.log, wall_clock=self.wall_clock,
+                            expected_load=options.expected_load_seconds)
 
         def on_snapshot(snap, verdict):
             engine.remember_tree()
