@@ -3,7 +3,8 @@ test's own datagram socket (what systemd would read): STATUS lines during the lo
 EXTEND_TIMEOUT_USEC while it progresses, READY=1 only once a completion works; a hang ends in
 EXIT_STALLED after the stall budget with its evidence, a crash in EXIT_FAILED with the root cause,
 an exit after ready (even with status 0) in EXIT_ENGINE_EXITED, an engine refusing its options in
-EXIT_USAGE (the unit does not restart it); SIGTERM leaves no process.
+EXIT_USAGE (the unit does not restart it); with liveness on, an engine hung after ready gets no more
+WATCHDOG=1; SIGTERM leaves no process.
 Every process is started in its own session and killed by process group afterwards, whatever
 the outcome."""
 import json
@@ -246,6 +247,36 @@ def test_an_exit_0_after_ready_still_ends_the_launcher_non_zero(launch, tmp_path
     assert "Rank 0 scheduler is dead" in err  # the evidence from the engine's last lines
     assert run.survivors() == []
     assert 'modelwake_phase{name="sim-test.service",phase="failed"} 1' in open(textfile).read().splitlines()
+
+
+def test_liveness_stops_the_watchdog_pings_of_an_engine_hung_after_ready(launch):
+    """WatchdogSec=2 s (a probe and a ping every second), --liveness-failures 2: pings while the
+    engine answers /health; once it hangs after ready (SGLang's /health then waits on a generation
+    that never comes) the pings stop, STATUS= and the journal say why, and the launcher stays up
+    for systemd's watchdog to end."""
+    run = launch(sim_args=["--fault", "hang:ready", "--fault-after", "4"],
+                 launcher_args=["--liveness-failures", "2"], env={"WATCHDOG_USEC": "2000000"})
+    ready = None
+    deadline = time.monotonic() + 90
+    while ready is None and time.monotonic() < deadline and run.proc.poll() is None:
+        run.watch_tree()
+        ready = run.listener.wait_for("READY", 0.3)
+    assert ready is not None, run.stderr()
+    verdict = run.listener.wait_for("STATUS", 60, lambda value: value.startswith("stalled:"))
+    assert verdict is not None, run.stderr()
+    assert re.match(r"stalled: the engine stopped answering after it was ready \(/health timeout \(no answer in "
+                    r"0\.5 s\), 2 times in a row, every 1 s\)", verdict[1]), verdict
+    pings = [t for t, _v in run.listener.fields("WATCHDOG")]
+    assert pings and ready[0] <= pings[0] and pings[-1] < verdict[0], (ready, pings, verdict)
+    assert run.proc.poll() is None  # the watchdog ends it, not the launcher
+    time.sleep(2.5)  # more than a watchdog period: still no ping
+    assert [t for t, _v in run.listener.fields("WATCHDOG") if t > verdict[0]] == []
+    err = run.stderr()
+    assert "modelwake: liveness: /health timeout (no answer in 0.5 s) (1 of 2 failed probes in a row)" in err, err
+    run.watch_tree()
+    os.kill(run.proc.pid, signal.SIGTERM)
+    assert run.wait(20) == 0
+    assert run.survivors() == []
 
 
 def test_sigterm_during_the_load_leaves_no_process(launch):

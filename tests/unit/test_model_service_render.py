@@ -114,6 +114,10 @@ def rendered(tmp_path_factory):
                   "model_service_nodes_group": "pair", "ansible_host": "2001:db8::10"},
         "node1": {"model_service_engine": "sglang", "model_service_model_path": k26, "model_service_tp": 16,
                   "model_service_nodes_group": "pair", "ansible_host": "2001:db8::11"},
+        "liveness": {"model_service_engine": "sglang", "model_service_unit": "sglang-live", "model_service_model_path": k26,
+                     "model_service_watchdog_sec": 60, "model_service_liveness": True,
+                     "model_service_liveness_failures": 4, "model_service_liveness_check": "completion",
+                     "model_service_failure_webhook_url": "https://hooks.example.test/" + SECRET},
         "notify": {"model_service_engine": "vllm", "model_service_unit": "vllm-notify", "model_service_model_path": k26,
                    "model_service_launcher": True,
                    "model_service_extra_args": ["--note", "50% of $HOME \"q\"", "--x", "%h"],
@@ -225,6 +229,14 @@ def test_sglang_metrics_can_be_switched_off_and_the_textfile_gets_the_expected_l
     assert "--expected-load-seconds" not in exec_start(read(rendered, "notify", "unit.service"))
 
 
+def test_liveness_adds_the_launcher_options_under_a_watchdog(rendered):
+    unit = read(rendered, "liveness", "unit.service")
+    assert directive(unit, "WatchdogSec") == ["60"]
+    assert " --liveness-failures 4 --liveness-check completion -- " in exec_start(unit)
+    # Without it the launcher never probes after ready.
+    assert "--liveness" not in exec_start(read(rendered, "notify", "unit.service"))
+
+
 PTRACE_CASES = {
     "noyama": (None, "auto", False),  # no Yama: the launcher reads its own user's engine
     "scope0": ("0", "auto", False),
@@ -261,7 +273,7 @@ def test_ptrace_is_granted_to_the_launcher_only_where_yama_asks_for_it(tmp_path)
 
 
 def test_no_secret_in_units_or_output(rendered):
-    for host in ("sglangkey", "vllm", "sim"):
+    for host in ("sglangkey", "vllm", "sim", "liveness"):
         assert SECRET not in read(rendered, host, "unit.service")
     # --diff was on: the env and config files' contents must still not reach the output.
     assert SECRET not in rendered["proc"].stdout
@@ -295,6 +307,13 @@ BAD_INPUTS = [
     ({"model_service_model_path": "/nonexistent/model"}, "has no config.json or no *.safetensors"),
     ({"model_service_engine": "tgi"}, "model_service_engine"),
     ({"model_service_expected_load_seconds": "15m"}, "model_service_expected_load_seconds (15m) whole seconds"),
+    ({"model_service_liveness": True}, "model_service_liveness needs systemd's watchdog: set model_service_watchdog_sec above 0"),
+    ({"model_service_liveness": True, "model_service_watchdog_sec": 60, "model_service_launcher": False},
+     "with model_service_launcher true (is False)"),
+    ({"model_service_failure_webhook_url": "hooks.example.test/" + SECRET},
+     "model_service_failure_webhook_url must be one http:// or https:// URL"),
+    ({"model_service_failure_webhook_url": "https://hooks.example.test/a\nb"},
+     "model_service_failure_webhook_url must be one http:// or https:// URL"),
 ]
 
 
@@ -306,3 +325,4 @@ def test_bad_input_fails_clearly_and_writes_nothing(tmp_path, bad, message):
     assert proc.returncode != 0
     assert " ".join(message.split()) in " ".join(proc.stdout.split()), proc.stdout
     assert not os.path.exists(os.path.join(str(root), "bad"))
+    assert SECRET not in proc.stdout  # a refused webhook URL is named, never shown

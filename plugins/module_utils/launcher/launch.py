@@ -10,7 +10,10 @@ classifier as wait_for_model_ready (pid mode, the output pipe as its log source)
   READY=1      only when the ready check passes (by default a real completion);
 and on stalled / failed / timeout logs the verdict with its evidence, stops the engine's
 process group and exits non-zero, so Restart= applies. After ready it keeps supervising: an
-engine that exits (even with 0, a crash can) ends the launcher with EXIT_ENGINE_EXITED.
+engine that exits (even with 0, a crash can) ends the launcher with EXIT_ENGINE_EXITED. Under a
+watchdog (WatchdogSec=) it sends WATCHDOG=1 while the engine runs; with --liveness-failures N it
+first asks the engine (/health, or a completion) before each ping, and after N failed answers in a
+row sends no more pings, so that systemd's watchdog kills the hung engine and Restart= starts it.
 SIGTERM/SIGINT stop the engine (SIGTERM to its group, SIGKILL after --stop-timeout); SIGHUP is
 forwarded. The API key is read from the environment (EnvironmentFile=), never from a flag.
 """
@@ -26,7 +29,7 @@ import sys
 import threading
 import time
 
-from ..host import procfs
+from ..host import http_probe, procfs
 from ..readiness import engines
 from ..readiness.classifier import Verdict
 from ..readiness.phases import FAILED, NOT_STARTED, PHASES, READY, STALLED, TERMINAL, TIMEOUT
@@ -54,6 +57,9 @@ TAIL_LINES = 200
 # How long a read of the output waits for the rest of a dead engine's output (its traceback).
 EOF_WAIT = 2.0
 LOG_PREFIX = "modelwake: "
+# What a liveness probe after ready asks: /health (cheap), or a real completion (vLLM's /health stays
+# 200 on a hung engine; SGLang's runs a 1-token generation itself).
+LIVENESS_CHECKS = ("health", "completion")
 
 
 class StopRequested(Exception):
@@ -193,6 +199,55 @@ class Reporter(object):
             # verdict.since counts from the wait's start, which is this reporter's start.
             text = prometheus_text(self.name, verdict, self.wall_start + verdict.since, self.expected_load)
             self._say_once(write_textfile(self.textfile, text))
+
+
+# -- liveness after ready ------------------------------------------------------------------
+class Liveness(object):
+    """After READY=1: does the engine still answer? One probe before each watchdog ping.
+
+    `probe()` returns (answered, what failed). After `failures` failed probes in a row the verdict is
+    final: no more pings, ever, for this run (systemd's watchdog then kills the unit and Restart=
+    starts it again). An answer before that resets the count. No clock, no I/O of its own."""
+
+    def __init__(self, probe, failures, log=None):
+        self.probe = probe
+        self.failures = failures
+        self.log = log or (lambda text: None)
+        self.missed = 0
+        self.last_failure = None
+        self.gave_up = False
+
+    def answers(self):
+        """Probe once: True while the pings may go on."""
+        if self.gave_up:
+            return False
+        answered, failure = self.probe()
+        if answered:
+            if self.missed:
+                self.log("liveness: the engine answers again after %d failed probe(s)" % self.missed)
+            self.missed = 0
+            return True
+        self.missed += 1
+        self.last_failure = failure
+        self.gave_up = self.missed >= self.failures
+        if not self.gave_up:
+            self.log("liveness: %s (%d of %d failed probes in a row)" % (failure, self.missed, self.failures))
+        return not self.gave_up
+
+
+def liveness_probe(config, check, timeout):
+    """The engine asked once, as the ready check asks it (http_probe.probe_ready, the key from the
+    launcher's environment), every request bounded by `timeout`: (answered, what failed)."""
+    def probe():
+        found = http_probe.probe_ready(config.url, ready_check=check, model=config.model, api_key=config.api_key,
+                                       health_timeout=timeout, completion_timeout=timeout)
+        if found["ready"]:
+            return True, None
+        for name, path in (("completion", "/v1/completions"), ("models", "/v1/models"), ("health", "/health")):
+            if found[name] is not None:
+                return False, "%s %s" % (path, http_probe.describe(found[name]))
+        return False, "no answer"
+    return probe
 
 
 # -- the engine's output ------------------------------------------------------------------
@@ -390,6 +445,12 @@ def parse_args(argv):
     parser.add_argument("--expected-load-seconds", type=float, default=None,
                         help="expected load time (the preflight's), written to the textfile for the "
                              "slower-than-expected alert (default: unknown, left out)")
+    parser.add_argument("--liveness-failures", type=int, default=0,
+                        help="after ready, probe the engine before each WATCHDOG=1 and stop pinging after this many "
+                             "failed probes in a row, so that the unit's WatchdogSec= restarts a hung engine "
+                             "(default 0: off; needs WatchdogSec=)")
+    parser.add_argument("--liveness-check", default="health", choices=LIVENESS_CHECKS,
+                        help="what a liveness probe asks: health (GET /health 200) or completion (a real one)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the engine command and its arguments")
     options = parser.parse_args(argv)
     command = options.command[1:] if options.command[:1] == ["--"] else options.command
@@ -432,6 +493,12 @@ def build_launch_config(options, environ):
         # systemd would end the start before the launcher can say why.
         raise ModelWakeError("extend-timeout: must be at least stall timeout + stacks interval + 2 polls (%s s), "
                              "got %s" % (minimum, options.extend_timeout))
+    if options.liveness_failures < 0:
+        raise ModelWakeError("liveness-failures: must be 0 (off) or more, got %s" % options.liveness_failures)
+    if options.liveness_failures and watchdog_interval(environ) is None:
+        raise ModelWakeError("liveness-failures: needs systemd's watchdog (WatchdogSec= in the unit, which sets "
+                             "WATCHDOG_USEC): without it nobody acts on the engine's silence. Set WatchdogSec= or "
+                             "drop --liveness-failures")
     if options.textfile and not os.path.isdir(os.path.dirname(os.path.abspath(options.textfile))):
         raise ModelWakeError("textfile: the directory of %s does not exist" % options.textfile)
     if options.expected_load_seconds is not None and not options.expected_load_seconds > 0:
@@ -547,7 +614,7 @@ class Launcher(object):
         if result["phase"] != READY:
             return self._give_up(result)
         engine.output.collect = False  # nobody reads the queue now; the tail stays for evidence
-        return self._supervise(notifier)
+        return self._supervise(notifier, config)
 
     def _give_up(self, result):
         engine = self.engine
@@ -567,13 +634,33 @@ class Launcher(object):
         self.log("engine %s; exiting %d so that Restart= applies" % (engine.describe_exit(), code))
         return code
 
-    def _supervise(self, notifier):
-        """After READY=1: follow the engine until it exits or we are stopped; feed the watchdog."""
+    def _unresponsive(self, notifier, liveness, ping):
+        """The liveness verdict: said once, to the journal, in STATUS= and the textfile."""
+        message = unresponsive_message(liveness, ping)
+        notifier.status(message)
+        self._final_textfile(STALLED, message)
+        self.log(message)
+
+    def _supervise(self, notifier, config):
+        """After READY=1: follow the engine until it exits or we are stopped; feed the watchdog, while
+        the engine answers when --liveness-failures is set."""
         engine = self.engine
         ping = watchdog_interval(self.environ)
+        liveness = None
+        if ping is not None and self.options.liveness_failures:
+            # A probe and its ping fit in the watchdog's period: at most half a ping interval each.
+            limit = http_probe.COMPLETION_TIMEOUT if self.options.liveness_check == "completion" else http_probe.HEALTH_TIMEOUT
+            liveness = Liveness(liveness_probe(config, self.options.liveness_check, min(limit, ping / 2)),
+                                self.options.liveness_failures, log=self.log)
         while not engine.exited.is_set():
             if ping is not None:
-                notifier.watchdog()
+                if liveness is None:
+                    notifier.watchdog()
+                elif not liveness.gave_up:
+                    if liveness.answers():
+                        notifier.watchdog()
+                    else:  # the last failure of the row: said once, then silence until the watchdog acts
+                        self._unresponsive(notifier, liveness, ping)
             engine.wake.wait(ping if ping is not None else STATUS_EVERY)
             engine.wake.clear()
             if self.stop_signal is not None:
@@ -589,6 +676,12 @@ class Launcher(object):
             self.log("  | " + line)
         engine.stop(1)  # whatever it left in its group
         return EXIT_ENGINE_EXITED
+
+
+def unresponsive_message(liveness, ping):
+    return ("stalled: the engine stopped answering after it was ready (%s, %d times in a row, every %g s): "
+            "no more WATCHDOG=1, systemd's watchdog restarts it"
+            % (liveness.last_failure, liveness.missed, ping))
 
 
 def main(argv=None):

@@ -1,0 +1,187 @@
+"""Liveness after ready: the launcher asks the engine before each WATCHDOG=1 and stops pinging after
+N failed answers in a row, so that systemd's watchdog restarts a hung engine.
+
+The count is pure logic (a scripted probe); the probe is the ready check's own HTTP code against a
+real loopback server; the supervising loop runs against that server and a real notify socket, its
+watchdog periods passed at once (no real sleeping).
+"""
+import signal
+import threading
+import time
+
+import pytest
+
+from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import ModelWakeError
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch import (
+    API_KEY_ENV, Launcher, Liveness, StopRequested, build_launch_config, liveness_probe, parse_args)
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.notify import Notifier
+
+from test_http_probe import SECRET, Server
+from test_launcher import receiver  # noqa: F401 (a fixture: the test's own notify socket)
+
+HEALTH = ("GET", "/health")
+
+
+@pytest.fixture
+def server():
+    srv = Server()
+    yield srv
+    srv.close()
+
+
+def scripted(answers):
+    """A probe answering from a list: True, or the text of a failure."""
+    answers = list(answers)
+
+    def probe():
+        answer = answers.pop(0)
+        return (True, None) if answer is True else (False, answer)
+    return probe
+
+
+def test_pings_go_on_while_the_engine_answers_and_stop_after_n_failures_in_a_row():
+    logged = []
+    liveness = Liveness(scripted([True, "/health 503", True, "/health 503", "/health 503", "/health timeout (no answer in 5 s)",
+                                  True, True]), failures=3, log=logged.append)
+    pings = [liveness.answers() for _ in range(8)]
+    # One failure is forgiven (the next answer resets the count); the third in a row ends the pings,
+    # and an answer after that changes nothing: the verdict stands until the watchdog restarts the unit.
+    assert pings == [True, True, True, True, True, False, False, False]
+    assert liveness.gave_up and liveness.missed == 3
+    assert liveness.last_failure == "/health timeout (no answer in 5 s)"
+    assert logged == ["liveness: /health 503 (1 of 3 failed probes in a row)",
+                      "liveness: the engine answers again after 1 failed probe(s)",
+                      "liveness: /health 503 (1 of 3 failed probes in a row)",
+                      "liveness: /health 503 (2 of 3 failed probes in a row)"]
+
+
+def test_the_probe_asks_health_with_the_key_and_says_what_failed(server):
+    options = parse_args(["--url", server.url, "--", "true"])
+    cfg = build_launch_config(options, {API_KEY_ENV: SECRET})
+    probe = liveness_probe(cfg, "health", timeout=0.3)
+    server.routes[HEALTH] = (200, b"")
+    assert probe() == (True, None)
+    assert server.seen[-1]["headers"]["Authorization"] == "Bearer " + SECRET
+    server.routes[HEALTH] = (503, b"")
+    assert probe() == (False, "/health 503")
+    server.routes[HEALTH] = "hang"
+    started = time.monotonic()
+    assert probe() == (False, "/health timeout (no answer in 0.3 s)")
+    assert time.monotonic() - started < 2
+
+
+def test_the_completion_check_needs_a_generation(server):
+    cfg = build_launch_config(parse_args(["--url", server.url, "--model", "kimi", "--", "true"]), {})
+    probe = liveness_probe(cfg, "completion", timeout=0.3)
+    server.routes[HEALTH] = (200, b"")  # vLLM's /health on a hung engine
+    server.routes[("POST", "/v1/completions")] = "hang"
+    assert probe() == (False, "/v1/completions timeout (no answer in 0.3 s)")
+    server.routes[("POST", "/v1/completions")] = (200, {"choices": [{"text": "4"}]})
+    assert probe() == (True, None)
+
+
+def test_liveness_without_a_watchdog_is_refused():
+    options = parse_args(["--url", "http://127.0.0.1:30001", "--liveness-failures", "3", "--", "true"])
+    with pytest.raises(ModelWakeError, match="^liveness-failures: needs systemd's watchdog"):
+        build_launch_config(options, {})
+    build_launch_config(options, {"WATCHDOG_USEC": "30000000"})
+    with pytest.raises(ModelWakeError, match="^liveness-failures: must be 0"):
+        build_launch_config(parse_args(["--url", "http://127.0.0.1:1", "--liveness-failures", "-1", "--", "true"]), {})
+    with pytest.raises(SystemExit):
+        parse_args(["--url", "http://127.0.0.1:1", "--liveness-check", "models", "--", "true"])
+
+
+class Periods(object):
+    """The engine's wake event as the supervising loop waits on it: each wait is one watchdog period,
+    passed at once (no real sleeping); `on_period(n)` changes the world between two periods."""
+
+    def __init__(self, on_period):
+        self.on_period = on_period
+        self.count = 0
+        self.waited = []
+
+    def wait(self, seconds):
+        self.count += 1
+        self.waited.append(seconds)
+        self.on_period(self.count)
+        return False
+
+    def clear(self):
+        pass
+
+
+class QuietEngine(object):
+    """What _supervise reads of the engine: it runs (never exits) and wakes the loop each period."""
+
+    def __init__(self, on_period):
+        self.exited = threading.Event()
+        self.wake = Periods(on_period)
+
+
+def test_the_supervising_loop_stops_pinging_a_silent_engine_and_says_why(server, receiver):
+    """WatchdogSec=30 s: a probe and a ping every 15 s. /health answers for three periods, turns 503
+    for four, then answers again: with --liveness-failures 2 the pings stop at the second failure and
+    do not resume; STATUS= and the journal say why; the launcher does not end (the watchdog does)."""
+    errors = []
+    environ = {"NOTIFY_SOCKET": receiver.address, "WATCHDOG_USEC": "30000000", API_KEY_ENV: SECRET}
+    options = parse_args(["--url", server.url, "--liveness-failures", "2", "--", "true"])
+    cfg = build_launch_config(options, environ)
+    launcher = Launcher(options, environ=environ, err=Err(errors))
+    script = {1: (200, b""), 4: (503, b""), 8: (200, b"")}
+
+    def on_period(n):
+        receiver.drain(n)  # what the period that just ended sent
+        if n in script:
+            server.routes[HEALTH] = script[n]
+        if n == 10:
+            launcher.stop_signal = signal.SIGTERM
+
+    server.routes[HEALTH] = (200, b"")
+    launcher.engine = engine = QuietEngine(on_period)
+    with pytest.raises(StopRequested):
+        launcher._supervise(Notifier(environ), cfg)
+    assert engine.wake.waited == [15.0] * 10
+    # Periods 1-4 answered (the 4th probe ran before /health turned 503), the 5th failed once and
+    # was forgiven, the 6th was the second failure in a row: no ping from then on, not even after
+    # /health answered again (periods 9 and 10).
+    assert receiver.times("WATCHDOG") == [1, 2, 3, 4, 5]
+    assert receiver.values("STATUS") == [
+        "stalled: the engine stopped answering after it was ready (/health 503, 2 times in a row, every 15 s): "
+        "no more WATCHDOG=1, systemd's watchdog restarts it"]
+    assert receiver.times("STATUS") == [6]
+    # One probe per period until the verdict, none after it; each with the key from the environment.
+    probes = [seen for seen in server.seen if seen["path"] == "/health"]
+    assert len(probes) == 6
+    assert all(seen["headers"]["Authorization"] == "Bearer " + SECRET for seen in probes)
+    text = "".join(errors)
+    assert "modelwake: liveness: /health 503 (1 of 2 failed probes in a row)\n" in text
+    assert "modelwake: stalled: the engine stopped answering after it was ready (/health 503" in text
+    assert SECRET not in text
+
+
+def test_without_liveness_the_loop_pings_every_period(server, receiver):
+    environ = {"NOTIFY_SOCKET": receiver.address, "WATCHDOG_USEC": "30000000"}
+    options = parse_args(["--url", server.url, "--", "true"])
+    launcher = Launcher(options, environ=environ, err=Err([]))
+
+    def on_period(n):
+        receiver.drain(n)
+        if n == 3:
+            launcher.stop_signal = signal.SIGTERM
+
+    launcher.engine = QuietEngine(on_period)
+    with pytest.raises(StopRequested):
+        launcher._supervise(Notifier(environ), build_launch_config(options, environ))
+    assert receiver.times("WATCHDOG") == [1, 2, 3]
+    assert server.seen == []  # nobody asked the engine
+
+
+class Err(object):
+    def __init__(self, lines):
+        self.lines = lines
+
+    def write(self, text):
+        self.lines.append(text)
+
+    def flush(self):
+        pass
