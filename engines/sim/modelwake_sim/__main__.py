@@ -3,7 +3,7 @@ import argparse
 import os
 import sys
 
-from . import __version__, faults, model
+from . import __version__, faults, model, nodes
 
 # Defaults scaled from the K2.6 start (548 GB at ~575 MiB/s = ~16 min of reading, then ~10 min of
 # silent JIT, then a short warm-up) down to ~75 s for the default 2 GiB model.
@@ -100,6 +100,13 @@ def build_parser():
     serve.add_argument("--hold-load", default=None, metavar="FILE",
                        help="while FILE exists the load pauses before its last shard (no reads, no CPU, no "
                             "output); tests hold a start in 'loading' with it and release it by removing FILE")
+    serve.add_argument("--nnodes", type=int, default=1,
+                       help="SGLang: nodes of a multi-node server; --tp counts the ranks of all of them (default 1)")
+    serve.add_argument("--node-rank", type=int, default=0, help="SGLang: this node's rank, 0 serves HTTP (default 0)")
+    serve.add_argument("--dist-init-addr", default=None, metavar="HOST:PORT",
+                       help="SGLang: node 0's address; node 0 listens on its port, the others connect")
+    serve.add_argument("--dist-timeout", type=_positive(float), default=1800.0,
+                       help="seconds a rank waits in a collective for the other nodes (default 1800, gloo's)")
     serve.add_argument("--survive-parent-kill", action="store_true",
                        help="ranks keep running when the API process is SIGKILLed (vLLM's orphans, #55510)")
     return parser
@@ -128,6 +135,22 @@ def main(argv=None):
         parser.error("--tp must be at least 1 (got %d)" % args.tp)
     if not 0 < args.port < 65536:
         parser.error("--port must be between 1 and 65535 (got %d)" % args.port)
+    if args.nnodes > 1:
+        if args.engine != "sglang":
+            parser.error("--nnodes: multi-node serving is SGLang's here (--engine sglang)")
+        if not 0 <= args.node_rank < args.nnodes:
+            parser.error("--node-rank must be between 0 and --nnodes - 1 (got %d)" % args.node_rank)
+        if not args.dist_init_addr:
+            parser.error("--dist-init-addr is required with --nnodes %d" % args.nnodes)
+        if args.tp % args.nnodes:
+            parser.error("--tp %d must be a multiple of --nnodes %d (each node runs tp / nnodes ranks)"
+                         % (args.tp, args.nnodes))
+        try:
+            nodes.parse_addr(args.dist_init_addr)
+        except nodes.GroupError as exc:
+            parser.error(str(exc))
+    elif args.nnodes < 1:
+        parser.error("--nnodes must be at least 1 (got %d)" % args.nnodes)
     args.model_path = args.model_path.rstrip("/") or "/"
     if args.engine == "sglang":
         from .sglang import SGLangServer as server_class

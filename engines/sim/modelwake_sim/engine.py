@@ -367,7 +367,9 @@ def server_args_line(opts):
               ("dtype", "'auto'"), ("quantization", "None"), ("context_length", "None"),
               ("served_model_name", repr(opts.served_model_name or opts.model_path)),
               ("host", repr(opts.host)), ("port", str(opts.port)), ("mem_fraction_static", "0.9"),
-              ("tp_size", str(opts.tp)), ("attention_backend", "'triton'"),
+              ("tp_size", str(opts.tp)), ("nnodes", str(opts.nnodes)), ("node_rank", str(opts.node_rank)),
+              ("dist_init_addr", repr(opts.dist_init_addr) if opts.dist_init_addr else "None"),
+              ("attention_backend", "'triton'"),
               ("disable_cuda_graph", str(bool(opts.disable_cuda_graph))),
               ("api_key", "'********'" if os.environ.get("MODELWAKE_API_KEY") else "None"),
               ("watchdog_timeout", "300"), ("skip_server_warmup", "False")]

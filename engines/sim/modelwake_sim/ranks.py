@@ -81,9 +81,11 @@ def send(fd, event):
 class Rank:
     """State shared by the phases of one rank process."""
 
-    def __init__(self, opts, rank, logger, status_fd, request_fd, title, holder_name):
+    def __init__(self, opts, rank, logger, status_fd, request_fd, title, holder_name, local_rank=None,
+                 group_fd=None):
         self.opts = opts
-        self.rank = rank
+        self.rank = rank  # the global TP rank (TP8 is node 1's first with 8 ranks a node)
+        self.group_fd = group_fd  # multi-node: a byte arrives here when the group completes a collective
         self.log = logger
         self.status_fd = status_fd
         self.request_fd = request_fd
@@ -95,7 +97,7 @@ class Rank:
         self.children = []
         set_title(title)
         if opts.fake_gpus:
-            self.holder = Holder(fake_gpu_dir(), holder_name, visible_gpu(rank))
+            self.holder = Holder(fake_gpu_dir(), holder_name, visible_gpu(rank if local_rank is None else local_rank))
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         send(status_fd, {"ev": "hello", "pid": os.getpid(), "rank": rank})
@@ -160,6 +162,21 @@ class Rank:
         while not self.parent_gone():
             SPIN_PATTERN.match(SPIN_TEXT)
         os._exit(1)
+
+    def wait_for_group(self, stage, what, frames, timeout_line):
+        """Multi-node: tell the API process this rank reached the collective `stage`, then wait until
+        every node has (nodes.py). Parked in a blocking wait, like NCCL's: no CPU, no output. After
+        --dist-timeout, the timeout torch raises."""
+        send(self.status_fd, {"ev": "reached", "stage": stage, "rank": self.rank})
+        deadline = time.monotonic() + self.opts.dist_timeout
+        while True:
+            ready, _, _ = select.select([self.group_fd], [], [], 1.0)
+            if ready and os.read(self.group_fd, 1):
+                return
+            if self.parent_gone():
+                os._exit(1)
+            if time.monotonic() >= deadline:
+                raise RankCrash(frames, timeout_line % {"what": what, "seconds": int(self.opts.dist_timeout)})
 
     def repack_marlin_weights(self, seconds, phase, started):
         """--repack-seconds: silent post-processing, layer after layer: a fresh buffer (its pages

@@ -5,9 +5,26 @@ import threading
 import time
 import urllib.request
 
-from . import engine, faults, logs, ranks
+from . import engine, faults, logs, nodes, ranks
 
 DESC = "Loading safetensors checkpoint shards"
+SITE = engine.SITE
+# Where a rank waits for the other nodes, and what torch says when they never come.
+RENDEZVOUS_FRAMES = [
+    ("%s/sglang/srt/model_executor/model_runner.py" % SITE, 612, "init_torch_distributed",
+     "init_distributed_environment("),
+    ("%s/torch/distributed/rendezvous.py" % SITE, 189, "_create_c10d_store",
+     "return TCPStore("),
+]
+RENDEZVOUS_TIMEOUT = ("torch.distributed.DistStoreError: Timed out after %(seconds)d seconds waiting for clients "
+                      "(%(what)s)")
+COLLECTIVE_FRAMES = [
+    ("%s/sglang/srt/utils/common.py" % SITE, 421, "get_available_gpu_memory",
+     "torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MIN, group=cpu_group)"),
+    ("%s/torch/distributed/distributed_c10d.py" % SITE, 2806, "all_reduce", "work.wait()"),
+]
+COLLECTIVE_TIMEOUT = ("torch.distributed.DistBackendError: [%(what)s] Watchdog caught collective operation timeout: "
+                      "WorkGloo(OpType=ALLREDUCE) ran for %(seconds)d000 milliseconds before timing out.")
 
 
 class SGLangServer(engine.ApiServer):
@@ -15,27 +32,42 @@ class SGLangServer(engine.ApiServer):
 
     def run(self):
         opts = self.opts
+        # A multi-node server runs tp / nnodes ranks on each node: TP0-7 on node 0, TP8-15 on node 1.
+        local_tp = opts.tp // opts.nnodes
+        first_rank = opts.node_rank * local_tp
         self._startup_pause()
         self.log.info(engine.server_args_line(opts))
         problem = self._check_model()
         if problem:
             self.log.traceback(*problem)
             return 1
-        # SGLang only binds when uvicorn starts; check now so a port conflict does not cost a load.
-        self._bind().close()
+        if opts.node_rank == 0:
+            # SGLang only binds when uvicorn starts; check now so a port conflict does not cost a load.
+            self._bind().close()
         self._ensure_gpus()
         self._setup_pipes_and_signals()
         signal.signal(signal.SIGQUIT, self._on_sigquit)
-        for rank in range(opts.tp):
-            self._fork(lambda rank=rank: self._scheduler(rank))
+        group = None
+        self.group_pipes = {}
+        if opts.nnodes > 1:
+            self.group_pipes = {rank: os.pipe() for rank in range(first_rank, first_rank + local_tp)}
+            group = nodes.NodeGroup(opts.nnodes, opts.node_rank, opts.dist_init_addr, self._group_complete).start()
+        for rank in range(first_rank, first_rank + local_tp):
+            self._fork(lambda rank=rank: self._scheduler(rank, rank - first_rank))
         self._after_fork()
         ready_ranks = set()
+        reached = {stage: set() for stage in nodes.STAGES}
         while True:
             event = self.events.get()
             kind = event.get("ev")
-            if kind == "init_done":
+            if kind == "reached":
+                reached[event["stage"]].add(event["rank"])
+                if len(reached[event["stage"]]) == local_tp:
+                    group.reached(event["stage"])
+            elif kind == "init_done":
                 ready_ranks.add(event["rank"])
-                if len(ready_ranks) == opts.tp:
+                # The other nodes serve no HTTP: their ranks follow node 0's batches.
+                if len(ready_ranks) == local_tp and opts.node_rank == 0:
                     self._open_port()
             elif kind == "warmup_done":
                 self.state = "ready"
@@ -50,6 +82,14 @@ class SGLangServer(engine.ApiServer):
                 self.log.error("Rank %d scheduler is dead. Please check if there are relevant logs." % rank)
                 self.log.error("Exit code: %d" % event["code"])
                 self._die(0)
+
+    def _group_complete(self, stage):
+        """The whole group reached `stage` (a link thread): release this node's ranks."""
+        for _, write_end in self.group_pipes.values():
+            try:
+                os.write(write_end, b"g")
+            except OSError:
+                pass
 
     def _on_sigquit(self, signum, frame):
         self.log.error("Received sigquit from a child proces. It usually means the child failed.")
@@ -87,14 +127,16 @@ class SGLangServer(engine.ApiServer):
         self.events.put({"ev": "warmup_done"})
 
     # --- the scheduler process ------------------------------------------------------------------
-    def _scheduler(self, rank):
+    def _scheduler(self, rank, local_rank):
         opts = self.opts
         log = logs.Logger("sglang", rank=rank)
         request_fd = self.request_r if rank == 0 else None
         if rank != 0:
             os.close(self.request_r)
         title = "sglang::scheduler_TP%d" % rank
-        r = ranks.Rank(opts, rank, log, self.status_w, request_fd, title, title)
+        group_fd = self.group_pipes[rank][0] if self.group_pipes else None
+        r = ranks.Rank(opts, rank, log, self.status_w, request_fd, title, title, local_rank=local_rank,
+                       group_fd=group_fd)
         try:
             return self._scheduler_phases(r, log)
         except ranks.RankCrash as crash:
@@ -110,6 +152,9 @@ class SGLangServer(engine.ApiServer):
         total = opts.gpu_total_mib / engine.GB
         started = time.monotonic()
         log.info("Init torch distributed begin.")
+        if opts.nnodes > 1:
+            r.wait_for_group(nodes.RENDEZVOUS, "%d nodes at %s" % (opts.nnodes, opts.dist_init_addr),
+                             RENDEZVOUS_FRAMES, RENDEZVOUS_TIMEOUT)
         r.sleep(opts.start_seconds * 0.3, "starting", started)
         r.gpu(memory_mib=ranks.CONTEXT_MIB, util=0, force=True)
         log.info("Init torch distributed ends. mem usage=%.2f GB" % (ranks.CONTEXT_MIB / engine.GB))
@@ -125,6 +170,10 @@ class SGLangServer(engine.ApiServer):
         weights = opts.gpu_memory_mib * ranks.WEIGHTS_SHARE / engine.GB
         log.info("Load weight end. elapsed=%.2f s, type=DeepseekV3ForCausalLM, quant=compressed-tensors, "
                  "dtype=torch.bfloat16, avail mem=%.2f GB, mem usage=%.2f GB." % (elapsed, total - weights, weights))
+        if opts.nnodes > 1:
+            # The memory profile's all_reduce over every rank of every node: a node that died while
+            # loading leaves the others here, silent.
+            r.wait_for_group(nodes.AFTER_LOAD, "Rank %d" % r.rank, COLLECTIVE_FRAMES, COLLECTIVE_TIMEOUT)
 
         init_started = time.monotonic()
         if opts.repack_seconds:
