@@ -143,6 +143,30 @@ options:
         gap between two reads after it began.
     type: float
     default: 0
+  peers:
+    description:
+      - The other nodes of a multi-node server (SGLang's C(--nnodes)), each with its C(name) (used in
+        the messages) and C(address) (what its engine connects from, or node 0's address on the other
+        nodes). Requires I(peer_port).
+      - Their engines keep TCP connections to node 0's dist-init port (torch's store) for the life
+        of the group. A node never seen connected has not joined (the others wait in the
+        rendezvous); a node whose connections all closed has left, and the nodes left behind wait in
+        a collective that cannot complete - C(failed), naming the node, at the next look.
+    type: list
+    elements: dict
+    suboptions:
+      name:
+        description: The node's name (its inventory name).
+        type: str
+        required: true
+      address:
+        description: Its address (an IP address or a name this host resolves).
+        type: str
+        required: true
+  peer_port:
+    description:
+      - The group's dist-init port (the port of SGLang's C(--dist-init-addr)). Required with I(peers).
+    type: int
   _follow:
     description:
       - Internal; set only by this module's action plugin, which prints progress while it waits. The
@@ -358,6 +382,9 @@ ARGUMENT_SPEC = dict(
     progress_path=dict(type="path"),
     py_spy=dict(type="str", default="auto"),
     stacks_interval=dict(type="float", default=0),
+    peers=dict(type="list", elements="dict", options=dict(name=dict(type="str", required=True),
+                                                          address=dict(type="str", required=True))),
+    peer_port=dict(type="int"),
 )
 
 # Set only by the action plugin of the same name (plugins/action/wait_for_model_ready.py), which

@@ -107,6 +107,8 @@ class Classifier(object):
             # pages faulted in since), still, name, rank, state, thread, frames}.
             "stacks": {}, "stacks_t": None, "stacks_cpu_s": 0.0, "stacks_unavailable": None, "silent": False, "spin_note": None,
             "cpu_pid_prev": {}, "noncpu_progress_t": None, "noncpu_progress": None,
+            # Multi-node: per other node {conns (at the previous look), joined_t, left_t}.
+            "peers": {},
         }
 
     @property
@@ -240,6 +242,8 @@ class Classifier(object):
             events.append("systemd status %r" % status_text)
         st["status_prev"] = news
         st["status_phase"] = status_phase(status_text)
+
+        events += self._track_peers(t, snap.peers)
 
         self._track_reads(t, proc.get("read_bytes"))
         alive = self._alive(snap, proc)
@@ -385,6 +389,51 @@ class Classifier(object):
             return unit.get("ActiveState") in ("active", "activating", "reloading") and bool(proc.get("alive", True))
         return bool(proc.get("alive"))
 
+    # -- the other nodes of a multi-node group --------------------------------------------
+    def _track_peers(self, t, connections):
+        """Who joined (progress) and who left, from each node's connections to the dist-init port.
+        A node has left when none of the connections it had at the previous look remain: its
+        engine's processes are gone (a new connection from it is a restarted engine that cannot
+        join a group formed without it)."""
+        if not self.config.peers or connections is None:
+            return []
+        events = []
+        for name in self.config.peers:
+            entry = self.state["peers"].setdefault(name, {"conns": [], "joined_t": None, "left_t": None})
+            now = set(connections.get(name) or [])
+            if entry["left_t"] is None:
+                if entry["conns"] and not now & set(entry["conns"]):
+                    entry["left_t"] = t
+                elif now and entry["joined_t"] is None:
+                    entry["joined_t"] = t
+                    events.append("node %s joined" % name)
+            entry["conns"] = sorted(now)
+        return events
+
+    def _peer_name(self, name):
+        return "node %s (%s)" % (name, ", ".join(self.config.peers[name]))
+
+    def _peer_notes(self):
+        """What keeps the group from completing, for any verdict's message ("" when nothing)."""
+        notes = []
+        for name, entry in sorted(self.state["peers"].items()):
+            if entry["left_t"] is not None:
+                notes.append("%s left the group at +%s" % (self._peer_name(name), self._secs(entry["left_t"])))
+            elif entry["joined_t"] is None:
+                notes.append("%s has not joined the group (no connection on the dist-init port %d)"
+                             % (self._peer_name(name), self.config.peer_port))
+        return "".join("; " + note for note in notes)
+
+    def _peer_left(self):
+        left = [(entry["left_t"], name) for name, entry in self.state["peers"].items() if entry["left_t"] is not None]
+        if not left:
+            return None
+        when, name = min(left)
+        return Verdict(FAILED, "failed: %s left the group at +%s: its connections to the dist-init port %d closed, "
+                       "and the nodes left wait in a collective that cannot complete without it; restart every "
+                       "node of the group together" % (self._peer_name(name), self._secs(when), self.config.peer_port),
+                       evidence=self._crash_evidence(), terminal=True)
+
     # -- failures -----------------------------------------------------------------------
     def _failure(self, snap, t, proc, alive):
         st = self.state
@@ -414,6 +463,10 @@ class Classifier(object):
             return Verdict(FAILED, "failed: process %s exited %s into the wait, in phase %s%s%s"
                            % (pid, self._secs(t), st["phase"] or STARTING, cause, held),
                            evidence=evidence, terminal=True)
+        # After this node's own end: a node whose engine died sees its connection gone too.
+        left = self._peer_left()
+        if left is not None:
+            return left
         health = (snap.http or {}).get("health") or {}
         if st["engine"] == "vllm" and health.get("kind") == "status" and health.get("code") == 503:
             return Verdict(FAILED, "failed: vLLM's /health answers 503: its engine core is dead",
@@ -546,7 +599,7 @@ class Classifier(object):
             return Verdict(READY, "ready after %s: %s" % (self._secs(t), self._ready_reason(http)),
                            evidence=[st["marker_line"]] if st["marker_line"] else [], terminal=False)
         quiet = t - st["last_progress_t"]
-        notes = self._http_notes(http)
+        notes = self._http_notes(http) + self._peer_notes()
         where = (st.get("spin_note") or "") + self._where_note(t)
         if quiet >= cfg.stall_timeout:
             return Verdict(STALLED, "stalled: no progress for %s in phase %s (last progress: %s at +%s; %s)%s%s"

@@ -5,7 +5,7 @@ import ipaddress
 import os
 import re
 import socket
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from urllib.parse import urlparse
 
@@ -52,6 +52,11 @@ class WaitConfig(object):
     py_spy: str = "auto"
     stacks_interval: float = 0
     fault_threshold: int = 256  # pages (1 MiB): a layer's fresh buffer is thousands
+    # A multi-node server: the other nodes of the group (name -> its IP addresses) and the
+    # dist-init port their engines keep connected to node 0 (torch's TCPStore). A node whose
+    # connections close has left the group; one never seen has not joined it.
+    peers: Optional[Dict[str, List[str]]] = None
+    peer_port: Optional[int] = None
 
     def port(self):
         parsed = urlparse(self.url)
@@ -87,6 +92,25 @@ def _number(params, name, minimum, strict=False):
     if value < minimum:
         raise InputError(name, "must be %s or more, got %s" % (minimum, value))
     return value
+
+
+def _peers(peers, peer_port):
+    """The module's peers ([{name, address}]) resolved to {name: [IP addresses]}, and the port."""
+    if not peers:
+        return None, None
+    if peer_port is None or not 0 < peer_port < 65536:
+        raise InputError("peer_port", "the dist-init port (1-65535) is required with peers, got %s" % peer_port)
+    resolved = {}
+    for index, peer in enumerate(peers):
+        name, address = (peer or {}).get("name"), (peer or {}).get("address")
+        if not name or not address:
+            raise InputError("peers", "entry %d needs a name and an address, got %r" % (index, peer))
+        try:
+            infos = socket.getaddrinfo(address, None, proto=socket.IPPROTO_TCP)
+        except socket.gaierror as exc:
+            raise InputError("peers", "the address %r of node %s cannot be resolved (%s)" % (address, name, exc.strerror))
+        resolved[name] = sorted(set(str(ipaddress.ip_address(info[4][0].split("%")[0])) for info in infos))
+    return resolved, peer_port
 
 
 def build_config(params, proc_root="/proc"):
@@ -153,6 +177,7 @@ def build_config(params, proc_root="/proc"):
             config.expected_bytes = size
     if config.py_spy not in ("auto", "off") and not os.path.isabs(config.py_spy):
         raise InputError("py_spy", "must be auto, off or the absolute path of py-spy, got %r" % config.py_spy)
+    config.peers, config.peer_port = _peers(params.get("peers"), params.get("peer_port"))
     for field in ("log_path", "progress_path"):
         path = getattr(config, field)
         if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):

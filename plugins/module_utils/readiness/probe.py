@@ -121,7 +121,22 @@ class HostProbe(object):
         if http["listening"] and cfg.url_is_local():
             listeners = procfs.listening_socket_owners(cfg.port(), self.proc_root)
         return Snapshot(t=t, process=process, unit=unit, gpus=gpus, log_lines=new_lines,
-                        log_context=context, http=http, listeners=listeners, errors=errors, stacks=stack_read)
+                        log_context=context, http=http, listeners=listeners, errors=errors, stacks=stack_read,
+                        peers=self._peer_connections())
+
+    def _peer_connections(self):
+        """Per other node of a multi-node group, its connections to the dist-init port (either
+        end: node 0 listens on it, the others connect to it)."""
+        cfg = self.config
+        if not cfg.peers:
+            return None
+        connections = procfs.established_connections(self.proc_root)
+        found = {}
+        for name, addresses in cfg.peers.items():
+            found[name] = sorted("%s:%d>%d" % (remote, remote_port, local_port)
+                                 for _, local_port, remote, remote_port in connections
+                                 if remote in addresses and cfg.peer_port in (local_port, remote_port))
+        return found
 
 
 def _children_cpu_s():

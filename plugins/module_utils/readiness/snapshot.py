@@ -23,6 +23,9 @@ class Snapshot(object):
     # The Python stacks of the server's processes when this look read them (host/stacks.py
     # StackReader.read: {"processes": [...], "unavailable": None or why}), else None.
     stacks: Optional[Dict[str, Any]] = None
+    # Multi-node: per other node, its established connections to the dist-init port, each
+    # "remote_ip:remote_port>local_port" (the same string while the same connection lives).
+    peers: Optional[Dict[str, List[str]]] = None
 
     def to_dict(self):
         return dataclasses.asdict(self)
