@@ -110,10 +110,13 @@ def rendered(tmp_path_factory):
                 "model_service_model_path": k26, "model_service_tp": 8, "model_service_api_key": SECRET,
                 "model_service_extra_args": ["--disable-cuda-graph", "--init-seconds", "2"],
                 "model_service_sim_fake_gpus": True, "model_service_launcher": False},
+        # Node 0 listens where the other nodes reach it (their wait asks it), so with an API key.
         "node0": {"model_service_engine": "sglang", "model_service_model_path": k26, "model_service_tp": 16,
-                  "model_service_nodes_group": "pair", "ansible_host": "2001:db8::10"},
+                  "model_service_nodes_group": "pair", "ansible_host": "2001:db8::10", "model_service_host": "::",
+                  "model_service_api_key": SECRET},
         "node1": {"model_service_engine": "sglang", "model_service_model_path": k26, "model_service_tp": 16,
-                  "model_service_nodes_group": "pair", "ansible_host": "2001:db8::11"},
+                  "model_service_nodes_group": "pair", "ansible_host": "2001:db8::11", "model_service_host": "::",
+                  "model_service_api_key": SECRET},
         "liveness": {"model_service_engine": "sglang", "model_service_unit": "sglang-live", "model_service_model_path": k26,
                      "model_service_watchdog_sec": 60, "model_service_liveness": True,
                      "model_service_liveness_failures": 4, "model_service_liveness_check": "completion",
@@ -199,7 +202,8 @@ def test_multinode_args_follow_the_group_order(rendered):
     for rank, host in enumerate(["node0", "node1"]):
         line = exec_start(read(rendered, host, "unit.service"))
         assert "--tp 16" in line
-        assert line.endswith("--nnodes 2 --node-rank %d --dist-init-addr [2001:db8::10]:50000" % rank)
+        assert "--nnodes 2 --node-rank %d --dist-init-addr [2001:db8::10]:50000 " % rank in line
+        assert SECRET not in line
 
 
 def test_launcher_makes_a_notify_unit_and_words_are_quoted_for_systemd(rendered):

@@ -1,0 +1,216 @@
+"""SGLang's two-node tensor parallel for real: the simulated engine on two systemd test hosts, node 0
+listening on the dist-init port, node 1 connecting to it over the test bridge, deployed as one group
+(`nodes_group`) by deploy-k26.yml.
+
+  first deploy              both nodes restart together; node 0's wait asks its own port, node 1's wait
+                            asks node 0's; each follows its own processes; the group serves
+  node 1 dies while loading node 0's wait fails at its next look, naming node 1 (its connections to the
+                            dist-init port closed), well within the stall bound
+  rolling restart           the pair restarts as one unit of service: node 0's turn restarts both
+
+The guests are destroyed afterwards, also on failure.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+
+import pytest
+
+from guesthost import ROOT, PlayOutput, Timed, host_tool, until, verdicts
+from modelwake_runner.cli import run_playbook
+
+GROUP = "sim_pair"
+NODES = ["pair-node0", "pair-node1"]
+UNIT = "sglang-pair"
+PORT = 30003
+DIST_PORT = 50000
+MODEL = "/srv/models/pair-sim"
+SECRET = "sk-pair-test-41d9"
+HOLD = "/var/lib/mwp-hold-load"
+FAST = ["--disable-cuda-graph", "--load-rate-mib", "32", "--start-seconds", "1", "--init-seconds", "1",
+        "--warmup-seconds", "1"]
+STALL = 60
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("systemd-nspawn") is None,
+                       reason="test hosts need root and systemd-nspawn (make system-deps)"),
+]
+
+TIMINGS = {}
+
+
+class Pair(object):
+    """Two guests as the inventory group sim_pair, in rank order."""
+
+    def __init__(self):
+        suffix = os.getpid() % 100000
+        self.guests = {node: "mwp%d-%d" % (rank, suffix) for rank, node in enumerate(NODES)}
+        self.addresses = {}
+        self.tmp = None
+
+    def up(self, tmp):
+        self.tmp = tmp
+        for node, guest in self.guests.items():
+            host_tool("up", guest)
+            self.addresses[node] = host_tool("addr", guest)
+        self.inventory = os.path.join(tmp, "pair.json")
+        with open(self.inventory, "w") as handle:
+            json.dump({"all": {
+                "children": {GROUP: {"hosts": dict((node, {"ansible_host": self.addresses[node]}) for node in NODES)}},
+                "vars": {
+                    "ansible_user": "root",
+                    "ansible_ssh_private_key_file": host_tool("key"),
+                    "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+                                               "-o LogLevel=ERROR",
+                    "ansible_python_interpreter": "/usr/bin/python3",
+                    "modelwake_host_models": ["pair"],
+                    "modelwake_gpus_required": False,
+                    "modelwake_demo_model_size_mib": 64,
+                    "modelwake_demo_model_shards": 8,
+                    # Test-only settings of the simulated engine, as inventories/demo has them.
+                    "inference_env_sim_source": os.path.join(ROOT, "engines", "sim"),
+                    "inference_env_controller_cache": os.environ.get("MODELWAKE_CACHE")
+                    or os.path.expanduser("~/.cache/modelwake"),
+                    "modelwake_models": {"pair": {
+                        "engine": "sim", "engine_version": "0.1.0", "sim_protocol": "sglang", "unit": UNIT,
+                        "port": PORT, "host": "0.0.0.0", "api_key": SECRET, "model_path": MODEL, "tp": 2,
+                        "gpus": [0], "nodes_group": GROUP, "extra_args": FAST, "ready_timeout": 300,
+                        "stall_timeout": STALL}},
+                }}}, handle)
+
+    def down(self):
+        for guest in self.guests.values():
+            host_tool("down", guest, check=False)
+
+    def sh(self, node, command, check=True):
+        proc = subprocess.run([os.path.join(ROOT, "tools", "testhosts"), "ssh", self.guests[node], command],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+        out = proc.stdout.decode("utf-8", "replace").strip()
+        if check and proc.returncode != 0:
+            raise AssertionError("%s failed on %s: %s %s" % (command, node, out, proc.stderr.decode()))
+        return out
+
+    def unit_state(self, node):
+        out = self.sh(node, "systemctl show %s -p InvocationID -p NRestarts -p ActiveState -p MainPID "
+                            "-p ActiveEnterTimestampMonotonic" % UNIT)
+        return dict(line.split("=", 1) for line in out.splitlines())
+
+    def play(self, playbook, extra=None):
+        """A playbook of the repository against the pair, through ansible-runner: (rc, PlayOutput)."""
+        private = tempfile.mkdtemp(prefix="pair-", dir=self.tmp)
+        objects = []
+        try:
+            # The play's hosts: come from extra variables (a play's hosts: never sees the inventory's).
+            runner, _events = run_playbook(playbook, private, [self.inventory],
+                                           dict(extra or {}, modelwake_deploy_hosts=GROUP),
+                                           on_object=objects.append, timeout=900)
+            return runner.rc, PlayOutput(runner.stdout.read(), objects)
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+
+
+PAIR = Pair()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    try:
+        with Timed(TIMINGS, "two guests up"):
+            PAIR.up(str(tmp_path_factory.mktemp("pair")))
+        with Timed(TIMINGS, "model on both, first deploy of the group"):
+            rc, out = PAIR.play("playbooks/demo-model.yml")
+            assert rc == 0, out[-4000:]
+            rc, out = PAIR.play("deploy-k26.yml")
+        assert rc == 0, out[-4000:]
+        PAIR.first = out
+        assert any(o["event"] == "recap" and len(o["hosts"]) == 2 for o in out.objects), out[-3000:]
+        yield PAIR
+    finally:
+        PAIR.down()
+        print("\ntwo-node deploy, measured (s): %s" % json.dumps(TIMINGS, indent=1))
+
+
+def completion(node):
+    """A completion asked of node 0's port from `node` (over the bridge from node 1)."""
+    return PAIR.sh(node, "python3 -c \"import json, urllib.request\n"
+                         "request = urllib.request.Request('http://%s:%d/v1/completions', method='POST',"
+                         " data=json.dumps({'prompt': '2+2=', 'max_tokens': 4}).encode(),"
+                         " headers={'Content-Type': 'application/json', 'Authorization': 'Bearer %s'})\n"
+                         "print(json.load(urllib.request.urlopen(request, timeout=30))['choices'][0]['text'])\""
+                   % (PAIR.addresses[NODES[0]], PORT, SECRET))
+
+
+def dist_init_peers(node):
+    """The remote addresses of node's established connections on the dist-init port."""
+    out = PAIR.sh(node, "ss -Htn state established '( sport = :%d or dport = :%d )'" % (DIST_PORT, DIST_PORT))
+    return set(re.sub(r"^\[?(::ffff:)?", "", line.split()[-1]).rsplit(":", 1)[0].rstrip("]")
+               for line in out.splitlines() if line.strip())
+
+
+def test_the_group_comes_up_together_and_serves_from_node_0(pair):
+    first = pair.first
+    waits = dict(((v.get("host"), v["phase"]) for v in verdicts(first, UNIT + ".service")))
+    assert waits.get(NODES[0]) == "ready" and waits.get(NODES[1]) == "ready", verdicts(first)
+    # Node 1 waited on node 0's port, with its own processes as evidence.
+    assert completion(NODES[1]) != "" and completion(NODES[0]) != ""
+    # Node 0 listens on the dist-init port; node 1's engine is connected to it, and serves no HTTP.
+    assert dist_init_peers(NODES[0]) == {pair.addresses[NODES[1]]}
+    assert dist_init_peers(NODES[1]) == {pair.addresses[NODES[0]]}
+    assert pair.sh(NODES[1], "ss -Htln '( sport = :%d )'" % PORT) == ""
+    unit = pair.sh(NODES[1], "systemctl cat %s" % UNIT)
+    assert "--nnodes 2 --node-rank 1 --dist-init-addr %s:%d" % (pair.addresses[NODES[0]], DIST_PORT) in unit
+    assert SECRET not in unit and SECRET not in first
+
+
+def test_node_1_dying_while_loading_fails_node_0s_wait_naming_it(pair):
+    pair.sh(NODES[0], "touch %s" % HOLD)  # node 0 pauses before its last shard: the group is mid-load
+    result = {}
+
+    def deploy():
+        # A new argument on both nodes: the group restarts together, then waits.
+        result["run"] = pair.play("deploy-k26.yml", {"model_service_extra_args": FAST + ["--hold-load", HOLD]})
+
+    runner = threading.Thread(target=deploy)
+    try:
+        runner.start()
+        until("node 0 loading, node 1 connected",
+              lambda: "Load weight begin" in pair.sh(NODES[0], "journalctl -u %s -n 30 --no-pager -o cat" % UNIT)
+              and pair.addresses[NODES[1]] in dist_init_peers(NODES[0]), timeout=240)
+        killed = time.monotonic()
+        # The engine's API process, which holds node 1's connection (systemctl kill cannot signal a
+        # unit's whole cgroup inside a test host); its ranks follow it, and systemd restarts the unit.
+        pair.sh(NODES[1], "kill -KILL $(systemctl show -p MainPID --value %s)" % UNIT)
+        runner.join(300)
+        assert not runner.is_alive(), "the deploy did not end"
+        decided = time.monotonic() - killed
+    finally:
+        pair.sh(NODES[0], "rm -f %s" % HOLD, check=False)
+        runner.join(300)
+    rc, out = result["run"]
+    TIMINGS["node 1 killed -> deploy failed"] = round(decided, 1)
+    failed = [v for v in verdicts(out, UNIT + ".service") if v.get("host") == NODES[0] and v["phase"] == "failed"]
+    assert rc != 0 and failed, out[-4000:]
+    assert re.match(r"failed: node pair-node1 \(%s\) left the group at \+\d+ s: its connections to the dist-init "
+                    r"port %d closed" % (re.escape(pair.addresses[NODES[1]]), DIST_PORT), failed[-1]["msg"]), failed
+    # The next look after the kill, not the stall bound.
+    assert decided < STALL, decided
+
+
+def test_a_rolling_restart_restarts_the_pair_as_one_unit(pair):
+    before = dict((node, pair.unit_state(node)) for node in NODES)
+    with Timed(TIMINGS, "rolling restart of the pair"):
+        rc, out = pair.play("playbooks/rolling-restart.yml", {"model_service_extra_args": FAST + ["--hold-load", HOLD]})
+    assert rc == 0, out[-4000:]
+    after = dict((node, pair.unit_state(node)) for node in NODES)
+    for node in NODES:
+        assert after[node]["ActiveState"] == "active" and after[node]["InvocationID"] != before[node]["InvocationID"]
+    # Node 0's turn restarted both (within seconds of each other); node 1's turn restarted nothing more.
+    starts = [int(after[node]["ActiveEnterTimestampMonotonic"]) for node in NODES]
+    assert abs(starts[0] - starts[1]) < 15 * 1000000, starts
+    assert completion(NODES[1]) != ""
