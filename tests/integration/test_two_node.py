@@ -3,7 +3,8 @@ listening on the dist-init port, node 1 connecting to it over the test bridge, d
 (`nodes_group`) by deploy-k26.yml.
 
   first deploy              both nodes restart together; node 0's wait asks its own port, node 1's wait
-                            asks node 0's; each follows its own processes; the group serves
+                            asks node 0's; each follows its own processes; the group serves; status.yml
+                            looks at both the same way
   node 1 dies while loading node 0's wait fails at its next look, naming node 1 (its connections to the
                             dist-init port closed), well within the stall bound
   rolling restart           the pair restarts as one unit of service: node 0's turn restarts both
@@ -166,6 +167,14 @@ def test_the_group_comes_up_together_and_serves_from_node_0(pair):
     unit = pair.sh(NODES[1], "systemctl cat %s" % UNIT)
     assert "--nnodes 2 --node-rank 1 --dist-init-addr %s:%d" % (pair.addresses[NODES[0]], DIST_PORT) in unit
     assert SECRET not in unit and SECRET not in first
+    # status.yml looks at each node the same way: both ready, none missing from the group.
+    document = os.path.join(pair.tmp, "status.json")
+    rc, out = pair.play("playbooks/status.yml", {"modelwake_status_json": document})
+    assert rc == 0, out[-3000:]
+    with open(document) as handle:
+        looks = dict((look["host"], look) for look in json.load(handle))
+    assert [looks[node]["phase"] for node in NODES] == ["ready", "ready"], looks
+    assert "not joined" not in json.dumps(looks) and SECRET not in json.dumps(looks)
 
 
 def test_node_1_dying_while_loading_fails_node_0s_wait_naming_it(pair):
