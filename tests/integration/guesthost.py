@@ -39,6 +39,19 @@ def until(what, predicate, timeout=300, interval=0.5):
     raise AssertionError("%s: not seen within %d s" % (what, timeout))
 
 
+def guest_vars(key):
+    """What a test's own inventory of guests sets for all of them: SSH as root with the tool's key,
+    the guest's Python, and the simulated engine's test-only settings, as inventories/demo has them."""
+    return {
+        "ansible_user": "root",
+        "ansible_ssh_private_key_file": key,
+        "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "inference_env_sim_source": os.path.join(ROOT, "engines", "sim"),
+        "inference_env_controller_cache": os.environ.get("MODELWAKE_CACHE") or os.path.expanduser("~/.cache/modelwake"),
+    }
+
+
 class Timed(object):
     """`with Timed(timings, label):` stores the block's duration in seconds as timings[label]."""
 

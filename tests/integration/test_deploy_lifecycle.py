@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from guesthost import ROOT, TESTHOSTS, host_tool
+from guesthost import ROOT, TESTHOSTS, guest_vars, host_tool
 
 PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
 PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
@@ -106,20 +106,12 @@ class Guest(object):
     def write_inventory(self, address, key):
         inventory = {"all": {
             "children": {"model_hosts": {"hosts": {GUEST: {"ansible_host": address}}}},
-            "vars": {
-                "ansible_user": "root",
-                "ansible_ssh_private_key_file": key,
-                "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
-                "ansible_python_interpreter": "/usr/bin/python3",
+            "vars": dict(guest_vars(key), **{
                 "modelwake_deploy_model": "k26",
                 "modelwake_host_models": ["k26"],
                 "modelwake_gpus_required": True,
                 "modelwake_demo_model_size_mib": 256,
                 "modelwake_demo_model_shards": 64,
-                # Test-only settings of the simulated engine, as inventories/demo has them.
-                "inference_env_sim_source": os.path.join(ROOT, "engines", "sim"),
-                "inference_env_controller_cache": os.environ.get("MODELWAKE_CACHE")
-                or os.path.expanduser("~/.cache/modelwake"),
                 "modelwake_models": {"k26": {
                     "engine": "sim", "engine_version": "0.1.0", "unit": UNIT, "port": 30001,
                     "model_path": "/srv/models/Kimi-K2.6-sim", "tp": 8, "gpus": list(range(8)),
@@ -129,7 +121,7 @@ class Guest(object):
                         "engine": "sim", "engine_version": "0.1.0", "unit": FIRST, "port": FIRST_PORT,
                         "model_path": "/srv/models/Kimi-K2.6-sim", "tp": 1, "gpus": [0],
                         "extra_args": HELD, "ready_timeout": 600, "stall_timeout": 300}},
-            }}}
+            })}}
         with open(self.inventory, "w") as handle:
             json.dump(inventory, handle)
 

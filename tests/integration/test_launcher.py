@@ -90,6 +90,16 @@ class Launch(object):
         if match:
             self.engine_pid = int(match.group(1))
 
+    def wait_ready(self, timeout=90):
+        """Follow the tree until READY=1 arrives; fail with the launcher's stderr if it does not."""
+        ready = None
+        deadline = time.monotonic() + timeout
+        while ready is None and time.monotonic() < deadline and self.proc.poll() is None:
+            self.watch_tree()
+            ready = self.listener.wait_for("READY", 0.3)
+        assert ready is not None, self.stderr()
+        return ready
+
     def wait(self, timeout):
         deadline = time.monotonic() + timeout
         while self.proc.poll() is None and time.monotonic() < deadline:
@@ -149,12 +159,7 @@ def test_start_reports_phases_extends_and_is_ready_only_after_a_completion(launc
     textfile = str(tmp_path / "sim.prom")
     run = launch(launcher_args=["--textfile", textfile], env={"MODELWAKE_LAUNCHER_API_KEY": "sk-launch-7",
                                                               "MODELWAKE_API_KEY": "sk-launch-7"})
-    ready = None
-    deadline = time.monotonic() + 90
-    while ready is None and time.monotonic() < deadline and run.proc.poll() is None:
-        run.watch_tree()
-        ready = run.listener.wait_for("READY", 0.3)
-    assert ready is not None, run.stderr()
+    ready = run.wait_ready()
     # READY=1 means a completion works, right now, with the key the launcher read from its environment.
     status, body = completion(run.url, key="sk-launch-7")
     assert status == 200 and body["choices"][0]["text"]
@@ -256,12 +261,7 @@ def test_liveness_stops_the_watchdog_pings_of_an_engine_hung_after_ready(launch)
     for systemd's watchdog to end."""
     run = launch(sim_args=["--fault", "hang:ready", "--fault-after", "4"],
                  launcher_args=["--liveness-failures", "2"], env={"WATCHDOG_USEC": "2000000"})
-    ready = None
-    deadline = time.monotonic() + 90
-    while ready is None and time.monotonic() < deadline and run.proc.poll() is None:
-        run.watch_tree()
-        ready = run.listener.wait_for("READY", 0.3)
-    assert ready is not None, run.stderr()
+    ready = run.wait_ready()
     verdict = run.listener.wait_for("STATUS", 60, lambda value: value.startswith("stalled:"))
     assert verdict is not None, run.stderr()
     assert re.match(r"stalled: the engine stopped answering after it was ready \(/health timeout \(no answer in "

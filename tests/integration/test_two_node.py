@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from guesthost import ROOT, PlayOutput, Timed, host_tool, until, verdicts
+from guesthost import ROOT, PlayOutput, Timed, guest_vars, host_tool, until, verdicts
 from modelwake_runner.cli import run_playbook
 
 GROUP = "sim_pair"
@@ -64,26 +64,17 @@ class Pair(object):
         with open(self.inventory, "w") as handle:
             json.dump({"all": {
                 "children": {GROUP: {"hosts": dict((node, {"ansible_host": self.addresses[node]}) for node in NODES)}},
-                "vars": {
-                    "ansible_user": "root",
-                    "ansible_ssh_private_key_file": host_tool("key"),
-                    "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
-                                               "-o LogLevel=ERROR",
-                    "ansible_python_interpreter": "/usr/bin/python3",
+                "vars": dict(guest_vars(host_tool("key")), **{
                     "modelwake_host_models": ["pair"],
                     "modelwake_gpus_required": False,
                     "modelwake_demo_model_size_mib": 64,
                     "modelwake_demo_model_shards": 8,
-                    # Test-only settings of the simulated engine, as inventories/demo has them.
-                    "inference_env_sim_source": os.path.join(ROOT, "engines", "sim"),
-                    "inference_env_controller_cache": os.environ.get("MODELWAKE_CACHE")
-                    or os.path.expanduser("~/.cache/modelwake"),
                     "modelwake_models": {"pair": {
                         "engine": "sim", "engine_version": "0.1.0", "sim_protocol": "sglang", "unit": UNIT,
                         "port": PORT, "host": "0.0.0.0", "api_key": SECRET, "model_path": MODEL, "tp": 2,
                         "gpus": [0], "nodes_group": GROUP, "extra_args": FAST, "ready_timeout": 300,
                         "stall_timeout": STALL}},
-                }}}, handle)
+                })}}, handle)
 
     def down(self):
         for guest in self.guests.values():

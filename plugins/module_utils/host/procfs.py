@@ -202,19 +202,21 @@ def cgroup_pids(control_group=None, main_pid=None, proc_root="/proc", cgroup_roo
     return []
 
 
-def _listening_inodes(port, proc_root):
-    inodes = set()
+def _tcp_rows(proc_root):
+    """The rows of /proc/net/tcp and tcp6, split: sl local_address rem_address st tx:rx tr:when
+    retrnsmt uid timeout inode ..."""
     for name in ("tcp", "tcp6"):
         try:
             lines = _read(os.path.join(proc_root, "net", name)).splitlines()[1:]
         except OSError:
             continue
         for line in lines:
-            cols = line.split()
-            # cols: sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
-            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(cols[9])
-    return inodes
+            yield line.split()
+
+
+def _listening_inodes(port, proc_root):
+    return set(cols[9] for cols in _tcp_rows(proc_root)
+               if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port)
 
 
 def listening_socket_owners(port, proc_root="/proc"):
@@ -271,16 +273,10 @@ def established_connections(proc_root="/proc"):
     """Every established TCP connection of this network namespace: [(local_ip, local_port,
     remote_ip, remote_port)]. No process is looked up: the table alone, a few hundred lines."""
     found = []
-    for name in ("tcp", "tcp6"):
-        try:
-            lines = _read(os.path.join(proc_root, "net", name)).splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            cols = line.split()
-            if len(cols) > 3 and cols[3] == "01":
-                try:
-                    found.append(_hex_address(cols[1]) + _hex_address(cols[2]))
-                except ValueError:
-                    continue
+    for cols in _tcp_rows(proc_root):
+        if len(cols) > 3 and cols[3] == "01":
+            try:
+                found.append(_hex_address(cols[1]) + _hex_address(cols[2]))
+            except ValueError:
+                continue
     return found
