@@ -134,7 +134,7 @@ class HostProbe(object):
         found = {}
         for name, addresses in cfg.peers.items():
             found[name] = sorted("%s:%d>%d" % (remote, remote_port, local_port)
-                                 for _, local_port, remote, remote_port in connections
+                                 for _local_address, local_port, remote, remote_port in connections
                                  if remote in addresses and cfg.peer_port in (local_port, remote_port))
         return found
 
