@@ -204,6 +204,9 @@ def test_multinode_args_follow_the_group_order(rendered):
         assert "--tp 16" in line
         assert "--nnodes 2 --node-rank %d --dist-init-addr [2001:db8::10]:50000 " % rank in line
         assert SECRET not in line
+    # Node 0's launcher watches node 1's connections to the dist-init port; node 1 runs no launcher.
+    assert " --peer-port 50000 --peer node1=2001:db8::11 -- " in exec_start(read(rendered, "node0", "unit.service"))
+    assert "--peer" not in exec_start(read(rendered, "node1", "unit.service"))
 
 
 def test_launcher_makes_a_notify_unit_and_words_are_quoted_for_systemd(rendered):
@@ -307,7 +310,7 @@ BAD_INPUTS = [
     ({"model_service_extra_args": ["--api-key=abc"]}, "model_service_extra_args contains --api-key"),
     ({"model_service_env": {"BAD-NAME": "1"}}, "model_service_env keys must be environment variable names"),
     ({"model_service_unit": "sglang-k26.service"}, "must be a plain unit name"),
-    ({"model_service_tp": 4, "model_service_gpus": [0, 1]}, "at least\nmodel_service_tp entries"),
+    ({"model_service_tp": 4, "model_service_gpus": [0, 1]}, "at least model_service_tp / nodes entries (4)"),
     ({"model_service_model_path": "/nonexistent/model"}, "has no config.json or no *.safetensors"),
     ({"model_service_engine": "tgi"}, "model_service_engine"),
     ({"model_service_expected_load_seconds": "15m"}, "model_service_expected_load_seconds (15m) whole seconds"),
