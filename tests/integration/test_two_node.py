@@ -200,6 +200,14 @@ def test_node_1_dying_while_loading_fails_node_0s_wait_naming_it(pair):
                     r"port %d closed" % (re.escape(pair.addresses[NODES[1]]), DIST_PORT), failed[-1]["msg"]), failed
     # The next look after the kill, not the stall bound.
     assert decided < STALL, decided
+    # Node 0's own launcher watches the group too: it says who left and exits, so that Restart= starts
+    # node 0 again beside the restarted node 1 and the group forms anew, without anyone.
+    left = "node pair-node1 (%s) left the group" % pair.addresses[NODES[1]]
+    until("node 0's launcher names node 1", lambda: left in pair.sh(NODES[0], "journalctl -u %s -n 300 --no-pager -o cat"
+                                                                     % UNIT), timeout=60)
+    until("the group re-formed by itself and serves", lambda: int(pair.unit_state(NODES[0])["NRestarts"]) > 0
+          and pair.unit_state(NODES[0])["ActiveState"] == "active", timeout=300)
+    assert completion(NODES[1]) != ""
 
 
 def test_a_rolling_restart_restarts_the_pair_as_one_unit(pair):

@@ -179,3 +179,17 @@ def test_bad_options_name_the_field(tmp_path):
     options = parse_args(["--url", "http://127.0.0.1:1", "--expected-load-seconds", "0", "--", "true"])
     with pytest.raises(ModelWakeError, match="^expected-load-seconds: must be greater than 0"):
         build_launch_config(options, {})
+
+
+def test_the_other_nodes_of_a_group_are_watched_by_name_and_address():
+    options = parse_args(["--url", "http://127.0.0.1:30001", "--peer", "k26-node1=10.213.77.12", "--peer-port",
+                          "50000", "--", "true"])
+    cfg = build_launch_config(options, {})
+    assert cfg.peers == {"k26-node1": ["10.213.77.12"]} and cfg.peer_port == 50000
+    for bad in ("k26-node1", "=10.213.77.12", "k26-node1="):
+        options = parse_args(["--url", "http://127.0.0.1:30001", "--peer", bad, "--peer-port", "50000", "--", "true"])
+        with pytest.raises(ModelWakeError, match="^peer: give NAME=ADDRESS"):
+            build_launch_config(options, {})
+    options = parse_args(["--url", "http://127.0.0.1:30001", "--peer", "k26-node1=10.213.77.12", "--", "true"])
+    with pytest.raises(ModelWakeError, match="^peer_port: the dist-init port"):
+        build_launch_config(options, {})

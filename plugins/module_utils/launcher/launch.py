@@ -451,6 +451,10 @@ def parse_args(argv):
                              "(default 0: off; needs WatchdogSec=)")
     parser.add_argument("--liveness-check", default="health", choices=LIVENESS_CHECKS,
                         help="what a liveness probe asks: health (GET /health 200) or completion (a real one)")
+    parser.add_argument("--peer", action="append", default=[], metavar="NAME=ADDRESS",
+                        help="another node of a multi-node group (repeatable): a node that leaves the group is "
+                             "a failure that names it, and restarts this one (the group re-forms)")
+    parser.add_argument("--peer-port", type=int, default=None, help="the group's dist-init port (with --peer)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the engine command and its arguments")
     options = parser.parse_args(argv)
     command = options.command[1:] if options.command[:1] == ["--"] else options.command
@@ -469,6 +473,17 @@ def _gpus(text):
         raise ModelWakeError("gpus: must be comma-separated GPU indices such as 0,1,2,3, got %r" % text)
 
 
+def _peers(values):
+    """--peer NAME=ADDRESS values as the wait's peers ([{name, address}])."""
+    peers = []
+    for value in values:
+        name, _sep, address = value.partition("=")
+        if not name.strip() or not address.strip():
+            raise ModelWakeError("peer: give NAME=ADDRESS (the node's inventory name and its address), got %r" % value)
+        peers.append({"name": name.strip(), "address": address.strip()})
+    return peers
+
+
 def build_launch_config(options, environ):
     """A validated WaitConfig (pid filled in once the engine runs); raises ModelWakeError."""
     params = {
@@ -478,6 +493,7 @@ def build_launch_config(options, environ):
         "timeout": options.timeout, "stall_timeout": options.stall_timeout,
         "poll_interval": options.poll_interval,
         "py_spy": options.py_spy, "stacks_interval": options.stacks_interval,
+        "peers": _peers(options.peer), "peer_port": options.peer_port,
         # Validation needs a live pid; the engine's replaces it once it runs.
         "pid": os.getpid(),
     }
