@@ -59,7 +59,7 @@ def targets(results):
     rows = []
 
     def module_delays(names, engines=("sglang", "vllm")):
-        # The module's own verdict time (its last progress record), not ansible-playbook's exit.
+        # The module's own verdict time (its last progress record), not the play's end.
         delays = [s["approaches"]["module"].get("verdict_delay", s["approaches"]["module"]["delay"])
                   for s in scenarios if s["scenario"] in names and s["engine"] in engines]
         return [d for d in delays if d is not None]
@@ -144,8 +144,8 @@ def render(results, pictures):
               "`uri` `/health` with `until`, `delay: %s`, `retries: %s` (%s s) and `wait_for` `timeout: %s`, "
               "`sleep: %s`. The module looks every `poll_interval: %s` s with `stall_timeout: %s`, "
               "`completion_timeout: %s` and `timeout: %s`. All three look once a second and run at the same time on the same engine start, "
-              "each as its own `ansible-playbook` (bench/waits.yml); the time of a verdict in the tables is the exit "
-              "of that process (the targets use the module's own verdict time: its last progress record). The true event comes from the engine itself: its ready line (stamped as it is read from "
+              "each as its own play (bench/waits.yml) run through ansible-runner; the time of a verdict in the tables is the end "
+              "of that run (the targets use the module's own verdict time: its last progress record). The true event comes from the engine itself: its ready line (stamped as it is read from "
               "its pipe), its process exit, or for a hang the loading line + `--fault-after` (%s s)."
               % (" ".join(settings.get("sim_args", [])), settings.get("model_mib"), settings.get("model_shards"),
                  settings.get("scale", 30), settings.get("poll_interval"), settings.get("retries"),
@@ -295,8 +295,8 @@ def _cost_section(phases):
         return []
     first = phases[0]
     lines = ["## The module's own cost", "",
-             "The module waiting %.0f s at `poll_interval: %s` with live progress on, run by `ansible-playbook` as "
-             "operators run it, on the simulated engine in a long silent phase, %s scripted GPUs read through NVML "
+             "The module waiting %.0f s at `poll_interval: %s` with live progress on, run by `ansible-playbook` (through "
+             "ansible-runner) as operators run it, on the simulated engine in a long silent phase, %s scripted GPUs read through NVML "
              "(the fake `libnvidia-ml.so.1`). One module process per wait: it checks its input and leaves the wait "
              "to one detached process; the controller reads its progress with one shell command per line. "
              "Measured from `/proc` every 0.1 s (the module's process and the wait's, their own CPU and their "

@@ -11,7 +11,6 @@ import argparse
 import glob
 import json
 import os
-import re
 import resource
 import shutil
 import signal
@@ -32,9 +31,9 @@ import simrun  # noqa: E402
 sys.path.insert(0, os.path.join(ROOT, "tests", "fakes"))
 import fake_nvml  # noqa: E402  (the fake libnvidia-ml.so.1: scripted GPUs read through NVML)
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness import follow  # noqa: E402
+from modelwake_runner.cli import run_playbook  # noqa: E402  (ansible-runner: every play's events as data)
 
 VENV_BIN = os.path.join(ROOT, ".venv", "bin")
-PLAYBOOK = os.path.join(VENV_BIN, "ansible-playbook")
 FAKES = os.path.join(ROOT, "tests", "fakes")
 
 # Time scale: the fixed-deadline waits' common budget (600 s: uri delay 10 x retries 60, wait_for
@@ -75,42 +74,71 @@ NVML_DIR = os.path.join(HERE, "out", "fake-nvml")
 
 
 def ansible_env(extra=None):
-    """The module reads the scripted GPUs through NVML (the fake driver library on LD_LIBRARY_PATH),
-    as on a GPU host; the scripted nvidia-smi stays on PATH as the fallback."""
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_PYTHON_INTERPRETER=sys.executable, LD_LIBRARY_PATH=NVML_DIR)
-    env["PATH"] = FAKES + os.pathsep + VENV_BIN + os.pathsep + env.get("PATH", "")
+    """What ansible-playbook's environment adds to ours: the module reads the scripted GPUs through
+    NVML (the fake driver library on LD_LIBRARY_PATH), as on a GPU host; the scripted nvidia-smi
+    stays on PATH as the fallback."""
+    env = {"ANSIBLE_PYTHON_INTERPRETER": sys.executable, "LD_LIBRARY_PATH": NVML_DIR,
+           "PATH": FAKES + os.pathsep + VENV_BIN + os.pathsep + os.environ.get("PATH", "")}
     env.update(extra or {})
     return env
 
 
-class Waiter(object):
-    """bench/waits.yml for one approach, run in the background; `end` = wall time of its exit."""
+class Play(object):
+    """One playbook run through ansible-runner (modelwake_runner.cli.run_playbook): its exit status,
+    our events of it (`objects`: progress looks, verdicts, the recap) and Ansible's own output (`text`,
+    kept for the report's "why")."""
 
-    def __init__(self, approach, extra_vars, env, log_path):
+    def __init__(self, playbook, inventories, extra_vars=None, limit=None, env=None, timeout=900):
+        self.objects = []
+        private = tempfile.mkdtemp(prefix="bench-play-")
+        try:
+            runner, events = run_playbook(playbook, private, inventories, extra_vars, limit,
+                                          on_object=self.objects.append, timeout=timeout, env=env)
+            self.rc, self.text, self.recap = runner.rc, runner.stdout.read(), events.recap or {}
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+
+    def count(self, kind):
+        return sum(1 for obj in self.objects if obj["event"] == kind)
+
+
+def _localhost_inventory(work):
+    """bench/waits.yml runs on this machine: an inventory of localhost alone (not the demo's)."""
+    path = os.path.join(work, "localhost.yml")
+    with open(path, "w") as handle:
+        handle.write("all:\n  hosts:\n    localhost:\n      ansible_connection: local\n")
+    return path
+
+
+class Waiter(object):
+    """bench/waits.yml for one approach, run in the background; `end` = wall time of its end, `play`
+    the Play (None until it ended). Its module processes are this process' descendants."""
+
+    def __init__(self, approach, extra_vars, env, log_path, timeout=900):
         self.approach = approach
-        argv = [PLAYBOOK, os.path.join(HERE, "waits.yml"), "-i", "localhost,",
-                "-e", json.dumps(dict(extra_vars, bench_approach=approach))]
-        self.log = open(log_path, "w")
+        self.log_path = log_path
+        self.play = None
         self.start = time.time()
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
         self.end = None
-        self.thread = threading.Thread(target=self._reap)
+        self.timeout = timeout
+        inventory = _localhost_inventory(os.path.dirname(log_path))
+        self.thread = threading.Thread(target=self._run, args=(dict(extra_vars, bench_approach=approach),
+                                                               inventory, env))
         self.thread.daemon = True
         self.thread.start()
 
-    def _reap(self):
-        self.proc.wait()
-        self.end = time.time()
+    def _run(self, extra_vars, inventory, env):
+        try:
+            self.play = Play(os.path.join(HERE, "waits.yml"), [inventory], extra_vars, env=env, timeout=self.timeout)
+        finally:
+            self.end = time.time()
+        with open(self.log_path, "w") as log:
+            log.write(self.play.text)
 
-    def join(self, timeout):
-        self.thread.join(timeout)
-        if self.end is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.thread.join(10)
-        self.log.close()
-        return self.proc.returncode
+    def join(self):
+        """The play's exit status (ansible-runner stops it at the Waiter's timeout: rc 254)."""
+        self.thread.join(self.timeout + 60)
+        return self.play.rc if self.play else None
 
 
 def _fresh(path):
@@ -149,8 +177,9 @@ def run_scenario(engine, name, fault, event, model, work):
              "bench_completion_timeout": SETTINGS["completion_timeout"]}
     waiter_env = ansible_env({"MODELWAKE_FAKE_GPU_DIR": env["MODELWAKE_FAKE_GPU_DIR"]})
     try:
-        waiters = [Waiter(a, extra, waiter_env, os.path.join(base, "wait-%s.log" % a)) for a in APPROACHES]
-        codes = dict((w.approach, w.join(SETTINGS["module_timeout"] + 60)) for w in waiters)
+        waiters = [Waiter(a, extra, waiter_env, os.path.join(base, "wait-%s.log" % a), SETTINGS["module_timeout"] + 60)
+                   for a in APPROACHES]
+        codes = dict((w.approach, w.join()) for w in waiters)
         if fault and fault.startswith("crash"):
             deadline = time.monotonic() + 15
             while sim.exit_time is None and time.monotonic() < deadline:
@@ -170,7 +199,7 @@ def run_scenario(engine, name, fault, event, model, work):
             msg = "rc %s after %.1f s" % (codes[w.approach], w.end - w.start)
         judged = report.judge(name, w.approach, said, w.end - sim.started, truth, msg)
         if w.approach == "module" and verdict:
-            # The verdict itself, without ansible-playbook's exit: the module appends its last look
+            # The verdict itself, without the play's end: the module appends its last look
             # to the progress file the moment it decides.
             own = report.judge(name, w.approach, said, os.stat(progress).st_mtime - sim.started, truth, msg)
             judged["verdict_delay"] = own["delay"]
@@ -309,27 +338,25 @@ def measure_cost(model, work, phase, seconds=300.0, poll=5.0, gpus=8):
                  "bench_log_path": sim.log_path, "bench_model_path": model, "bench_progress_path": progress,
                  "bench_module_timeout": seconds, "bench_stall_timeout": 600, "bench_poll_interval": poll,
                  "bench_ignore_errors": True, "bench_cost_path": cost_path}
-        waiter = Waiter("module", extra, ansible_env(env), log_path)
+        waiter = Waiter("module", extra, ansible_env(env), log_path, timeout=seconds + 300)
         while waiter.end is None:
-            for pid in _module_processes(waiter.proc.pid) + _followed_waits(marker):
+            for pid in _module_processes(os.getpid()) + _followed_waits(marker):
                 values = _sample(pid, ticks)
                 if values:
                     seen[pid] = values
                     last = time.time()
                     first = first or last
             time.sleep(0.1)
-        waiter.join(30)
+        waiter.join()
     finally:
         sim.stop()
     with open(progress) as handle:
         polls = sum(1 for line in handle if line.strip())
-    with open(log_path) as handle:
-        text = handle.read()
     split = None
     if os.path.exists(cost_path):
         with open(cost_path) as handle:
             split = json.load(handle)
-    lines = len(re.findall(r"^wait_for_model_ready \[", text, re.M))
+    lines = waiter.play.count("progress") if waiter.play else 0  # the live-progress looks the play showed
     return {"phase": phase, "poll_interval": poll, "seconds": seconds, "gpus": gpus, "watched_s": round((last or 0) - (first or 0), 1),
             "polls": polls, "processes": len(seen), "cpu_s": round(sum(v[0] for v in seen.values()), 3),
             "children_cpu_s": round(sum(v[1] for v in seen.values()), 3),
@@ -374,13 +401,15 @@ def measure_stacks(model, work, reads=20, stall=10, poll=1.0):
                             ["--tp", "4", "--disable-cuda-graph", "--start-seconds", "1", "--load-rate-mib", "64",
                              "--fault", "spin:initializing"]).start()
         try:
-            args = "url=%s pid=%d engine=sglang log_path=%s timeout=%d stall_timeout=%d poll_interval=%s py_spy=%s" % (
-                sim.url, sim.proc.pid, sim.log_path, 6 * stall, stall, poll, py_spy)
-            done = subprocess.run([os.path.join(VENV_BIN, "ansible"), "localhost", "-m", "wait_for_model_ready",
-                                   "-a", args], cwd=ROOT, env=ansible_env({"ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
-                                  timeout=600)
-            result = json.loads(done.stdout[done.stdout.index("=> {") + 3:])
+            extra = {"bench_approach": "module", "bench_url": sim.url, "bench_pid": sim.proc.pid,
+                     "bench_engine": "sglang", "bench_log_path": sim.log_path, "bench_module_timeout": 6 * stall,
+                     "bench_stall_timeout": stall, "bench_poll_interval": poll, "bench_py_spy": py_spy}
+            play = Play(os.path.join(HERE, "waits.yml"), [_localhost_inventory(base)], extra, env=ansible_env(),
+                        timeout=600)
+            found = [obj for obj in play.objects if obj["event"] == "verdict"]
+            if not found:
+                raise RuntimeError("no verdict from bench/waits.yml (rc %s): %s" % (play.rc, play.text[-600:]))
+            result = found[-1]
             hang = sim.first("Using CompressedTensorsWNA16MarlinMoEMethod")  # the spin begins with the phase
             init = [p for p in result.get("phases", []) if p["phase"] == "initializing"]
             verdicts[label] = {"phase": result["phase"], "elapsed": result.get("elapsed"),
@@ -415,18 +444,9 @@ def measure_throughput(model, work):
 # -- test hosts: re-run of deploy-k26.yml, fan-out -------------------------------------------------
 
 def testhosts(*args, **kwargs):
-    return subprocess.run([os.path.join(ROOT, "tools", "testhosts")] + list(args), cwd=ROOT, env=ansible_env(),
+    return subprocess.run([os.path.join(ROOT, "tools", "testhosts")] + list(args), cwd=ROOT,
+                          env=dict(os.environ, **ansible_env()),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, **kwargs)
-
-
-def _recap(text):
-    """{'host': {'ok': n, 'changed': n, ...}} from ansible-playbook's PLAY RECAP."""
-    hosts = {}
-    for line in text.splitlines():
-        if ": ok=" in line:
-            name, _, rest = line.partition(":")
-            hosts[name.strip()] = dict((k, int(v)) for k, v in (p.split("=") for p in rest.split()))
-    return hosts
 
 
 def _unit_state(guest, unit):
@@ -466,23 +486,23 @@ def measure_rerun(work, guest="bench-rerun"):
         testhosts("install-fake-gpus", guest, "--count", "8", timeout=300)
         model = _playbook(inventory, os.path.join(ROOT, "playbooks", "demo-model.yml"), guest)
         first = _playbook(inventory, os.path.join(ROOT, "deploy-k26.yml"), guest, timeout=1200)
-        if model.returncode != 0 or first.returncode != 0:
+        if model.rc != 0 or first.rc != 0:
             result["why"] = "the first deploy did not succeed (rc %s/%s): %s" % (
-                model.returncode, first.returncode, (first.stdout or model.stdout)[-600:])
+                model.rc, first.rc, (first.text or model.text)[-600:])
             return result
         before = _unit_state(guest, "sglang-k26.service")
         start = time.monotonic()
         again = _playbook(inventory, os.path.join(ROOT, "deploy-k26.yml"), guest, timeout=1200)
         wall = time.monotonic() - start
         after = _unit_state(guest, "sglang-k26.service")
-        recap = _recap(again.stdout).get(guest, {})
-        result.update(status="measured" if again.returncode == 0 else "failed", rc=again.returncode,
+        recap = again.recap.get(guest, {})
+        result.update(status="measured" if again.rc == 0 else "failed", rc=again.rc,
                       wall_s=round(wall, 1), changed=recap.get("changed"), recap=recap,
                       restarts=int(after.get("NRestarts", 0)) - int(before.get("NRestarts", 0)),
                       same_invocation=before.get("InvocationID") == after.get("InvocationID") != "",
                       invocation=after.get("InvocationID"))
-        if again.returncode != 0:
-            result["why"] = again.stdout[-600:]
+        if again.rc != 0:
+            result["why"] = again.text[-600:]
         return result
     finally:
         testhosts("down", guest, timeout=300)
@@ -492,13 +512,9 @@ FANOUT_GUESTS = ("bench-fan1", "bench-fan2", "bench-fan3", "bench-fan4")
 
 
 def _playbook(inventory, playbook, limit, extra=None, timeout=900):
-    """ansible-playbook PLAYBOOK (a path, or a file of bench/) on `limit` of our inventory + the demo's."""
-    argv = [PLAYBOOK, "-i", inventory, "-i", os.path.join(ROOT, "inventories", "demo"), "-l", limit,
-            os.path.join(HERE, playbook)]
-    if extra:
-        argv += ["-e", json.dumps(extra)]
-    return subprocess.run(argv, cwd=ROOT, env=ansible_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True, timeout=timeout)
+    """PLAYBOOK (a path, or a file of bench/) on `limit` of our inventory + the demo's: a Play."""
+    return Play(os.path.join(HERE, playbook), [inventory, os.path.join(ROOT, "inventories", "demo")], extra,
+                limit, env=ansible_env(), timeout=timeout)
 
 
 def measure_fanout(work, counts=(1, 2, 4)):
@@ -514,8 +530,8 @@ def measure_fanout(work, counts=(1, 2, 4)):
             return result
         inventory = _inventory(os.path.join(work, "fanout-hosts.yml"), "bench_fanout", addresses)
         prepared = _playbook(inventory, "fanout-prepare.yml", ",".join(guests))
-        if prepared.returncode != 0:
-            result["why"] = "bench/fanout-prepare.yml failed: %s" % prepared.stdout[-600:]
+        if prepared.rc != 0:
+            result["why"] = "bench/fanout-prepare.yml failed: %s" % prepared.text[-600:]
             return result
         for count in counts:
             limit = ",".join(guests[:count])
@@ -524,11 +540,10 @@ def measure_fanout(work, counts=(1, 2, 4)):
             run = _playbook(inventory, "fanout.yml", limit, {"bench_fanout_unit": unit})
             wall = time.monotonic() - start
             _playbook(inventory, "fanout-stop.yml", limit, {"bench_fanout_unit": unit})
-            recap = _recap(run.stdout)
-            result["levels"].append({"hosts": count, "wall_s": round(wall, 1), "rc": run.returncode,
-                                     "failed": sum(r.get("failed", 0) for r in recap.values())})
-            if run.returncode != 0:
-                result["why"] = "bench/fanout.yml failed on %d hosts: %s" % (count, run.stdout[-600:])
+            result["levels"].append({"hosts": count, "wall_s": round(wall, 1), "rc": run.rc,
+                                     "failed": sum(r.get("failed", 0) for r in run.recap.values())})
+            if run.rc != 0:
+                result["why"] = "bench/fanout.yml failed on %d hosts: %s" % (count, run.text[-600:])
                 return result
         result["status"] = "measured"
         return result
@@ -557,8 +572,8 @@ def measure_real_vllm(work):
                  "bench_engine": "vllm", "bench_log_path": log_path, "bench_model_path": model,
                  "bench_progress_path": progress, "bench_module_timeout": 600, "bench_stall_timeout": 120,
                  "bench_poll_interval": 1}
-        waiter = Waiter("module", extra, ansible_env(), os.path.join(base, "wait-module.log"))
-        waiter.join(700)
+        waiter = Waiter("module", extra, ansible_env(), os.path.join(base, "wait-module.log"), timeout=700)
+        waiter.join()
     finally:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:

@@ -74,9 +74,10 @@ def emit(obj, out=sys.stdout):
 
 
 def run_playbook(playbook, private_dir, inventories=(), extravars=None, limit=None, on_object=None,
-                 timeout=None):
+                 timeout=None, env=None):
     """Run a playbook of this checkout through ansible-runner, its record kept in `private_dir`.
-    Each of our objects goes to `on_object` as it comes; returns (ansible-runner's Runner, Events)."""
+    Each of our objects goes to `on_object` as it comes; `env` adds to the environment ansible-playbook
+    inherits from this process. Returns (ansible-runner's Runner, Events)."""
     import ansible_runner  # pylint: disable=import-outside-toplevel
 
     events = Events()
@@ -88,7 +89,7 @@ def run_playbook(playbook, private_dir, inventories=(), extravars=None, limit=No
         return True  # keep ansible-runner's own record of the event in the artifacts
 
     os.makedirs(private_dir, exist_ok=True)
-    envvars = {"ANSIBLE_CONFIG": os.path.join(ROOT, "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    envvars = dict(env or {}, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     runner = ansible_runner.run(
         private_data_dir=private_dir, project_dir=ROOT, playbook=os.path.join(ROOT, playbook),
         inventory=[os.path.abspath(path) for path in inventories] or None,

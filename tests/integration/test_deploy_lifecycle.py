@@ -1,12 +1,14 @@
 """deploy-k26.yml and the operator playbooks through a model's life, on a real systemd guest.
 
 One systemd-nspawn guest (tools/testhosts) with scripted GPUs runs the simulated K2.6 as
-sglang-k26.service. The tests run the real playbooks with ansible-playbook and check what the
-guest's systemd and the play's output say: the GPU preflight stops a listed unit that holds the
+sglang-k26.service. The tests run the real playbooks through ansible-runner (modelwake_runner's
+run_playbook) and check what the guest's systemd and the play's events say (recap, live-progress looks,
+verdicts); a play killed like a dying controller is ansible-playbook itself, in its own process group,
+followed by its text. The GPU preflight stops a listed unit that holds the
 GPUs and refuses (naming the PID) a process of no such unit; status, stop, start again. (A crash
 during load is the Molecule `deploy` scenario's.) Interrupted plays: a reboot in the middle of the
 first deploy's held load (the unit, enabled before its restart, comes back by itself and loads at
-boot; the re-run only waits, through the phases, without a restart: the simulated engine's reboot
+boot; the re-run lets the load go when a look shows it loading, and only waits, through the phases, without a restart: the simulated engine's reboot
 mid-load), and a controller killed once the handlers begin (the next run still restarts the service
 onto its new unit, from the host's state alone). The first deploy, a crashing one and the status
 looks go through the programmatic way in, `python -m modelwake_runner` (ansible-runner), and read its JSON
@@ -19,13 +21,15 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from datetime import datetime, timezone
 
 import pytest
 
-from guesthost import ROOT, TESTHOSTS, guest_vars, host_tool
+from guesthost import ROOT, TESTHOSTS, PlayOutput, guest_vars, host_tool
+from modelwake_runner.cli import run_playbook
 
 PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
 PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
@@ -151,13 +155,21 @@ class Guest(object):
                     kept.append(handle.read())
         return proc.returncode, objects, "\n".join(kept)
 
-    def play(self, playbook, extra=None):
-        """Run a playbook; return (rc, output, seconds)."""
-        argv, env = self.argv(playbook, extra)
-        start = time.monotonic()
-        proc = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              universal_newlines=True, timeout=900)
-        return proc.returncode, proc.stdout, time.monotonic() - start
+    def play(self, playbook, extra=None, on_object=None):
+        """Run a playbook through ansible-runner; return (rc, PlayOutput: the text and its events). Each
+        event also goes to `on_object` as it comes."""
+        private = tempfile.mkdtemp(prefix="play-", dir=self.tmp)
+        objects = []
+
+        def keep(obj):
+            objects.append(obj)
+            if on_object:
+                on_object(obj)
+        try:
+            runner, _events = run_playbook(playbook, private, [self.inventory], extra, on_object=keep, timeout=900)
+            return runner.rc, PlayOutput(runner.stdout.read(), objects)
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
 
 
 class Background(object):
@@ -207,9 +219,10 @@ def in_order(phases):
 
 
 def recap(output):
-    match = re.search(r"^%s\s+: (.*)$" % re.escape(GUEST), output, re.M)
-    assert match, output
-    return dict((k, int(v)) for k, v in re.findall(r"(\w+)=(\d+)", match.group(1)))
+    """The guest's counters in the play's recap event (ok, changed, failed, unreachable, ...)."""
+    recaps = of_kind(output.objects, "recap")
+    assert recaps and GUEST in recaps[-1]["hosts"], output[-3000:]
+    return recaps[-1]["hosts"][GUEST]
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +232,7 @@ def guest(tmp_path_factory):
         host_tool("install-fake-gpus", GUEST)
         g = Guest(str(tmp_path_factory.mktemp("life")))
         g.write_inventory(host_tool("addr", GUEST), host_tool("key"))
-        rc, out, _ = g.play("playbooks/demo-model.yml")
+        rc, out = g.play("playbooks/demo-model.yml")
         assert rc == 0, out
         # The first deploy through `python -m modelwake_runner`, its live progress every 2 s as structured looks.
         rc, objects, kept = g.modelwake("deploy", {"modelwake_progress_interval": 2})
@@ -250,7 +263,7 @@ def guest(tmp_path_factory):
 
 def test_rerun_converges_without_restart(guest):
     before = unit_state()
-    rc, out, _ = guest.play("deploy-k26.yml")
+    rc, out = guest.play("deploy-k26.yml")
     assert rc == 0, out
     assert recap(out)["changed"] == 0
     after = unit_state()
@@ -273,7 +286,7 @@ def test_a_restart_lost_with_the_controller_is_done_by_the_next_run(guest):
     before = settled_state(UNIT)
     restarted_before_the_kill = started_at() > unit_mtime
     print("the kill landed %s the handler's restart" % ("after" if restarted_before_the_kill else "before"))
-    rc, out, _ = guest.play("deploy-k26.yml", changed)
+    rc, out = guest.play("deploy-k26.yml", changed)
     assert rc == 0, out
     after = unit_state()
     if restarted_before_the_kill:
@@ -288,7 +301,7 @@ def test_a_restart_lost_with_the_controller_is_done_by_the_next_run(guest):
         assert after["InvocationID"] != before["InvocationID"]
     assert "--no-access-log" in engine_cmdline()
     assert started_at() > unit_mtime
-    rc, out, _ = guest.play("deploy-k26.yml", changed)
+    rc, out = guest.play("deploy-k26.yml", changed)
     assert rc == 0, out
     assert recap(out)["changed"] == 0, out
     assert unit_state()["InvocationID"] == after["InvocationID"]
@@ -316,19 +329,25 @@ def test_reboot_during_the_first_deploy_comes_back_and_converges(guest):
         booted = settled_state(FIRST)
         assert booted["ActiveState"] in ("active", "activating"), booted
         assert on_guest("systemctl is-enabled %s" % FIRST) == "enabled"
-        # The re-run finds it loading (held), says so in its first progress line, then follows it to ready.
-        rerun = Background(guest, "deploy-k26.yml", dict(first, modelwake_progress_interval=5))
-        try:
-            rerun.until("wait_for_model_ready [%s]: loading " % GUEST)
-            on_guest("rm -f %s" % HOLD)
-        finally:
-            rc, out = rerun.finish()
+        # The re-run finds it loading (held) and says so in a live-progress look; the load is let go
+        # then, and the wait follows it to ready.
+        loading = []
+
+        def release_on_loading(obj):
+            if obj["event"] == "progress" and obj.get("unit") == FIRST + ".service" and obj["phase"] == "loading":
+                if not loading:
+                    on_guest("rm -f %s" % HOLD)
+                loading.append(obj)
+        rc, out = guest.play("deploy-k26.yml", dict(first, modelwake_progress_interval=5),
+                             on_object=release_on_loading)
         assert rc == 0, out
+        assert loading, of_kind(out.objects, "progress")
         assert recap(out)["changed"] == 0, out
         # It waited for the load, without restarting what systemd started at boot.
-        report = re.search(r"%s: ready after (\d+) s \(((?:not_started|starting) -> )*loading -> " % FIRST,
-                           " ".join(out.split()))
-        assert report and int(report.group(1)) > 0, out
+        ready = [v for v in of_kind(out.objects, "verdict", unit=FIRST + ".service") if v["phase"] == "ready"]
+        assert ready and ready[-1]["elapsed"] > 0, of_kind(out.objects, "verdict")
+        phases = [phase["phase"] for phase in ready[-1]["phases"]]
+        assert [p for p in phases if p not in ("not_started", "starting")][:1] == ["loading"], phases
         assert unit_state(FIRST)["InvocationID"] == booted["InvocationID"]
     finally:
         # Later reboots must not start it again.
@@ -345,7 +364,7 @@ def test_preflight_stops_a_listed_unit_and_refuses_a_foreign_holder(guest):
     try:
         on_guest("echo '{\"pid\": %s, \"name\": \"python\", \"gpus\": {\"1\": {\"memory_mib\": 30000, \"utilization\": 0}}}' > %s"
                  % (foreign_pid, holder_file % "foreign"))
-        rc, out, _ = guest.play("deploy-k26.yml")
+        rc, out = guest.play("deploy-k26.yml")
         assert rc == 2, out
         flat = " ".join(out.split())
         assert "PIDs %s:" % foreign_pid in flat
@@ -355,7 +374,7 @@ def test_preflight_stops_a_listed_unit_and_refuses_a_foreign_holder(guest):
         assert on_guest("systemctl is-active sglang-k26-ddtree") == "active"
     finally:
         on_guest("kill %s; rm -f %s" % (foreign_pid, holder_file % "foreign"), check=False)
-    rc, out, _ = guest.play("deploy-k26.yml")
+    rc, out = guest.play("deploy-k26.yml")
     assert rc == 0, out
     assert "changed: [%s] => (item=sglang-k26-ddtree.service)" % GUEST in out
     assert on_guest("systemctl is-active sglang-k26-ddtree", check=False) in ("inactive", "failed")
@@ -372,7 +391,7 @@ def test_a_crashing_deploy_through_the_entry_point_ends_non_zero_with_the_eviden
     verdict = [v for v in end["verdicts"] if v["unit"] == UNIT + ".service"][0]
     assert verdict["phase"] == "failed" and "CUDA out of memory" in json.dumps(verdict["evidence"]), verdict
     assert SECRET not in json.dumps(objects) and SECRET not in kept
-    rc, out, _ = guest.play("deploy-k26.yml")
+    rc, out = guest.play("deploy-k26.yml")
     assert rc == 0, out
     assert unit_state()["ActiveState"] == "active"
 
@@ -381,19 +400,19 @@ def test_status_stop_and_start_again(guest):
     rc, objects, _ = guest.modelwake("status")
     assert rc == 0, objects
     assert [(v["unit"], v["phase"]) for v in objects[-1]["verdicts"]] == [(UNIT + ".service", "ready")], objects[-1]
-    rc, out, _ = guest.play("playbooks/stop.yml")
+    rc, out = guest.play("playbooks/stop.yml")
     assert rc == 0, out
     assert on_guest("systemctl is-active %s" % UNIT, check=False) == "inactive"
     assert on_guest("systemctl is-enabled %s" % UNIT, check=False) == "disabled"
     # KillMode=control-group: no rank is left behind (they are titled sglang::scheduler_TP<n>).
     assert on_guest("pgrep -u modelwake", check=False) == ""
-    rc, out, _ = guest.play("playbooks/status.yml")
+    rc, out = guest.play("playbooks/status.yml")
     assert rc == 0 and re.search(r"%s\s+sglang-k26\s+not_started\s" % GUEST, out), out
     # Through the entry point the same look is a non-zero exit: not every service is ready.
     rc, objects, _ = guest.modelwake("status")
     assert rc == 1 and [v["phase"] for v in objects[-1]["verdicts"]] == ["not_started"], objects
     # A unit that is down gets started (no handler fires: nothing changed but the enablement) and waited on.
-    rc, out, _ = guest.play("deploy-k26.yml")
+    rc, out = guest.play("deploy-k26.yml")
     assert rc == 0, out
     assert unit_state()["ActiveState"] == "active"
     assert on_guest("systemctl is-enabled %s" % UNIT) == "enabled"
