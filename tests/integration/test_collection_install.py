@@ -322,10 +322,6 @@ def test_a_playbook_elsewhere_deploys_onto_a_test_host_with_the_roles_by_fqcn(pr
         assert "/opt/fqcn/venv/bin/python" in VM.sh("systemctl cat %s" % GUEST_UNIT)
         # inference_env put py-spy beside the engine's interpreter (offline: staged from the controller).
         assert VM.sh("/opt/fqcn/venv/bin/py-spy --version") == "py-spy 0.4.1"
-        pid = VM.unit_state(GUEST_UNIT)["MainPID"]
-        again = run(argv, cwd=str(project), env=env)
-        recap = re.search(r"^fqcn-host\s+: ok=\d+\s+changed=(\d+)", again, re.M)
-        assert recap and recap.group(1) == "0", again[-4000:]
-        assert VM.unit_state(GUEST_UNIT)["MainPID"] == pid
+        # (That a re-run changes nothing is the Molecule deploy scenario's idempotence: the same roles.)
     finally:
         VM.down()
