@@ -30,7 +30,9 @@ PORT = 30001
 MODEL = "/srv/models/sim-sglang"
 # The sim entry shares the group's variables: its own distribution, no vLLM wheelhouse.
 SIM = {"modelwake_deploy_model": "sim-sglang", "inference_env_engine_package": "",
-       "inference_env_wheelhouse": "", "inference_env_wheelhouse_lock": ""}
+       "inference_env_wheelhouse": "", "inference_env_wheelhouse_lock": "",
+       "modelwake_textfile_dir": "/var/lib/node_exporter/textfile"}
+TEXTFILE = "/var/lib/node_exporter/textfile/%s.prom"
 FAST = ["--disable-cuda-graph", "--load-rate-mib", "32", "--start-seconds", "1", "--init-seconds", "2",
         "--warmup-seconds", "1"]
 STALL = 20
@@ -59,6 +61,12 @@ def sim(tmp_path_factory):
             assert rc == 0, out[-4000:]
             rc, out = VM.deploy(SIM)
         assert rc == 0, out[-4000:]
+        # node_exporter's textfiles: the launcher's phase, and the preflight's expected load time beside it.
+        # (The launcher says ready a moment after the play's wait saw it.)
+        until("the textfile says ready", lambda: 'modelwake_phase{name="sglang-sim.service",phase="ready"} 1'
+              in VM.sh("cat " + TEXTFILE % UNIT), timeout=60)
+        expected = VM.sh("cat " + (TEXTFILE % UNIT).replace(".prom", "-expected-load.prom")).split()
+        assert expected[-2] == 'modelwake_load_expected_seconds{name="sglang-sim.service"}' and int(expected[-1]) > 0
         yield VM
     finally:
         VM.down()
@@ -103,6 +111,8 @@ def test_two_models_on_one_host_in_one_run(sim):
         assert VM.unit_state(second_unit)["ActiveState"] == "active"
         assert VM.completion(PORT) != "" and VM.completion(second_port) != ""
         assert "--port 30002" in VM.sh("systemctl cat %s" % second_unit)
+        # Each model its own textfile: the host's two launchers never write the same one.
+        assert 'name="%s.service"' % second_unit in VM.sh("cat " + TEXTFILE % second_unit)
     finally:
         VM.sh("systemctl disable --now %s" % second_unit, check=False)
 

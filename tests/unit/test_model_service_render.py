@@ -40,6 +40,7 @@ PLAY = """
 EXTRA_VARS = {
     "_model_service_conf_dir": "{{ render_root }}/{{ inventory_hostname }}/etc",
     "_model_service_unit_file": "{{ render_root }}/{{ inventory_hostname }}/unit.service",
+    "_model_service_expected_load_file": "{{ render_root }}/{{ inventory_hostname }}/expected-load.prom",
     "model_service_group": "root",
     "model_service_venv": VENV,
 }
@@ -228,12 +229,33 @@ def test_launcher_makes_a_notify_unit_and_words_are_quoted_for_systemd(rendered)
 def test_sglang_metrics_can_be_switched_off_and_the_textfile_gets_the_expected_load(rendered):
     line = exec_start(read(rendered, "metricsoff", "unit.service"))
     # The launcher labels the textfile with the unit's full name, as node_exporter's systemd collector does.
-    assert " --name sglang-quiet.service --textfile /var/lib/node_exporter/textfile/sglang-quiet.prom" \
-           " --expected-load-seconds 930 -- " in line
+    assert " --name sglang-quiet.service --textfile /var/lib/node_exporter/textfile/sglang-quiet.prom -- " in line
     engine = line.split(" -- ", 1)[1]
     assert engine.startswith("%s/bin/python -m sglang.launch_server " % VENV) and "--enable-metrics" not in engine
-    # Without a textfile there is nothing to write the expected load time to.
-    assert "--expected-load-seconds" not in exec_start(read(rendered, "notify", "unit.service"))
+    # The expected load time is a textfile of its own, never in the unit: a new figure restarts nothing.
+    assert 'modelwake_load_expected_seconds{name="sglang-quiet.service"} 930\n' \
+        in read(rendered, "metricsoff", "expected-load.prom")
+    # Without a textfile there is nothing to write it beside.
+    assert not os.path.exists(os.path.join(str(rendered["root"]), "notify", "expected-load.prom"))
+
+
+def test_the_preflights_expected_load_is_written_again_only_when_it_moved_by_a_quarter(tmp_path):
+    """The GPU preflight measures the read rate every run: its figure wanders a little, and the host
+    must still converge with changed=0."""
+    make_model(str(tmp_path / "model"))
+    shared = str(tmp_path / "sglang-k26-expected-load.prom")
+    written = []
+    for run, measured in enumerate((1000, 1100, 700, 2000)):
+        host = {"model_service_engine": "sglang", "model_service_model_path": str(tmp_path / "model"),
+                "model_service_launcher_textfile": "/var/lib/node_exporter/textfile/sglang-k26.prom",
+                "gpu_preflight_expected_load_seconds": measured}
+        (tmp_path / str(run)).mkdir()
+        proc, _root = run_play(tmp_path / str(run), {"host": host}, extra={"_model_service_expected_load_file": shared})
+        assert proc.returncode == 0, proc.stdout
+        with open(shared) as handle:
+            written.append(handle.read().splitlines()[-1])
+    assert written == ['modelwake_load_expected_seconds{name="sglang-k26.service"} %d' % n
+                       for n in (1000, 1000, 700, 2000)]
 
 
 def test_liveness_adds_the_launcher_options_under_a_watchdog(rendered):

@@ -115,7 +115,7 @@ def prometheus_text(name, verdict, phase_started, expected_load=None):
         ("modelwake_load_ratio", "gauge", "Share of the model's weights loaded, 0 to 1.", verdict.fraction),
         ("modelwake_load_eta_seconds", "gauge", "Estimated seconds until loading ends.", verdict.eta),
         ("modelwake_load_expected_seconds", "gauge",
-         "Expected load time in seconds (--expected-load-seconds, e.g. the preflight's estimate).", expected_load),
+         "Expected load time in seconds (the GPU preflight's estimate or the operator's).", expected_load),
     ]
     for metric, kind, text, value in families:
         if value is not None:
