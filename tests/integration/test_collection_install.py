@@ -11,7 +11,8 @@ Each run is a real AnsiballZ payload built from the installed copy, so a module_
 module finder misses fails here; the launcher_sources lookup answers from the installed copy too.
 Then the roles: a playbook of that project deploys the simulated engine onto a systemd test host
 with modelwake.serving.gpu_preflight, .inference_env and .model_service by FQCN (the unit, the
-launcher, the wait, the smoke completion), and a second run converges with nothing changed.
+launcher, the wait, the smoke completion). (That a second run changes nothing is the Molecule
+deploy scenario's idempotence: the same roles.)
 """
 import glob
 import json
