@@ -96,7 +96,7 @@ def test_free_gpus_and_a_complete_model_pass(tmp_path, gpu_dir, model):
     out = flat(proc.stdout)
     assert "4 shards, 0.0 GiB; disk read" in out
     assert "(4 MiB sampled), expected load time" in out
-    # 32 MiB read at the page cache's or a fast disk's rate is well under 0.05 s: still "measured", 1 s.
+    # 32 MiB read from a fast disk or the page cache rounds to 0.0 s: still measured, so 1 s at least.
     expected = re.search(r"expected load seconds: (\d+)", out)
     assert expected and int(expected.group(1)) >= 1, out
     assert "no process holds the needed GPUs" in out
