@@ -19,7 +19,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import textwrap
 import threading
 

@@ -10,9 +10,10 @@ middle of the first deploy's held load (the unit, enabled before its restart, co
 loads at boot; the re-run lets the load go when a look shows it loading, and only waits, through the
 phases, without a restart), and a controller killed once the handlers begin (the next run still
 restarts the service onto its new unit, from the host's state alone). A re-run that changes nothing
-is the Molecule `deploy` scenario's idempotence; a crash while loading, test_vllm_deploy.py's. The first deploy, a crashing one and the status
-looks go through the programmatic way in, `python -m modelwake_runner` (ansible-runner), and read its JSON
-lines instead of Ansible's text.
+is the Molecule `deploy` scenario's idempotence; an engine crashing while it loads is
+test_vllm_deploy.py's (here a crashing deploy shows only the entry point's exit status and evidence).
+The first deploy, the crashing one and the status looks go through the programmatic way in,
+`python -m modelwake_runner` (ansible-runner), and read its JSON lines instead of Ansible's text.
 The guest is destroyed afterwards, also when a test fails.
 """
 import json
