@@ -52,7 +52,7 @@ def _download(dest):
 def _template_venv(wheels, dest):
     partial = dest + ".partial"
     shutil.rmtree(partial, ignore_errors=True)
-    envkit.make_venv(partial, wheels, START)
+    envkit.make_venv(partial, wheels, START, compile_bytecode=False)
     # A venv finds its packages relative to its pyvenv.cfg, so `bin/python -m pip` works after a move.
     os.rename(partial, dest)
 
