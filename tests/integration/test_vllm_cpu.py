@@ -1,8 +1,8 @@
 """The vLLM CPU build's tiny model (tools/vllm_cpu.py), made locally, never from a hub.
 
-Real vLLM starts are tested where they are used, once each (each costs ~40 s of both cores): on a
-test host by deploy-k26.yml (test_vllm_deploy.py: ready, the truncated shard's SafetensorError,
-the stopped worker, the port taken) and under the launcher (test_launcher_vllm.py). The engine's
+Real vLLM starts are tested where they are used, shared by the cases (each costs ~40 s of both
+cores): on a test host by deploy-k26.yml, under the launcher (test_vllm_deploy.py: ready, the
+truncated shard's SafetensorError, the stopped worker, the port taken). The engine's
 own behaviour the classifier relies on (refused until ready, the markers' order, the root cause
 before the final error) is replayed from recordings (tests/fixtures/traces/, test_classifier_recorded.py)."""
 import json
