@@ -14,7 +14,6 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(ROOT, "tools", "testhosts")
-FAKE_NVIDIA_SMI = os.path.join(ROOT, "tests", "fakes", "nvidia-smi")
 NETWORK = ipaddress.ip_network("10.213.77.0/24")
 
 pytestmark = pytest.mark.slow
@@ -78,8 +77,12 @@ def test_guest_has_no_route_beyond_the_bridge(guest):
         "addr", guest).stdout.strip()
 
 
-def test_reboot_gives_a_new_boot_and_keeps_files(guest):
+def test_reboot_gives_a_new_boot_and_keeps_files_and_the_fake_gpus(guest):
     in_guest(guest, "echo kept > /root/marker")
+    tool("install-fake-gpus", guest, "--count", "4", "--memory-mib", "1000")
+    query = "nvidia-smi --query-gpu=index,memory.total --format=csv,noheader,nounits"
+    gpus = ["%d, 1000" % i for i in range(4)]
+    assert in_guest(guest, query).splitlines() == gpus
     boot_before = in_guest(guest, "cat /proc/sys/kernel/random/boot_id")
     machine_id = in_guest(guest, "cat /etc/machine-id")
     nspawn_before = status()[guest]["nspawn_pid"]
@@ -91,6 +94,7 @@ def test_reboot_gives_a_new_boot_and_keeps_files(guest):
     assert in_guest(guest, "cat /root/marker") == "kept"
     assert in_guest(guest, "cat /etc/machine-id") == machine_id
     assert in_guest(guest, "systemctl is-system-running --wait") == "running"
+    assert in_guest(guest, query).splitlines() == gpus
 
 
 def test_stop_and_start_keep_the_guest(guest):
@@ -102,17 +106,6 @@ def test_stop_and_start_keep_the_guest(guest):
     tool("start", guest)
     assert status()[guest]["state"] == "running"
     assert in_guest(guest, "cat /root/stop-marker") == "survives-stop"
-
-
-def test_fake_gpus_survive_a_reboot(guest):
-    if not os.path.exists(FAKE_NVIDIA_SMI):
-        pytest.skip("tests/fakes/nvidia-smi (the scripted nvidia-smi) is not in the tree yet")
-    tool("install-fake-gpus", guest, "--count", "4", "--memory-mib", "1000")
-    query = "nvidia-smi --query-gpu=index,memory.total --format=csv,noheader,nounits"
-    expected = ["%d, 1000" % i for i in range(4)]
-    assert in_guest(guest, query).splitlines() == expected
-    tool("reboot", guest)
-    assert in_guest(guest, query).splitlines() == expected
 
 
 def test_down_leaves_nothing_behind(guest):
