@@ -11,8 +11,8 @@ Each run is a real AnsiballZ payload built from the installed copy, so a module_
 module finder misses fails here; the launcher_sources lookup answers from the installed copy too.
 Then the roles: a playbook of that project deploys the simulated engine onto a systemd test host
 with modelwake.serving.gpu_preflight, .inference_env and .model_service by FQCN (the unit, the
-launcher, the wait, the smoke completion). (That a second run changes nothing is the Molecule
-deploy scenario's idempotence: the same roles.)
+launcher, the wait, the smoke completion). (That a second run changes nothing is the reboot tests'
+re-runs, test_deploy_lifecycle.py and test_vllm_deploy.py: the same roles.)
 """
 import glob
 import json
@@ -322,6 +322,6 @@ def test_a_playbook_elsewhere_deploys_onto_a_test_host_with_the_roles_by_fqcn(pr
         assert "/opt/fqcn/venv/bin/python" in VM.sh("systemctl cat %s" % GUEST_UNIT)
         # inference_env put py-spy beside the engine's interpreter (offline: staged from the controller).
         assert VM.sh("/opt/fqcn/venv/bin/py-spy --version") == "py-spy 0.4.1"
-        # (That a re-run changes nothing is the Molecule deploy scenario's idempotence: the same roles.)
+        # (That a re-run changes nothing is the reboot tests' re-runs: the same roles.)
     finally:
         VM.down()
