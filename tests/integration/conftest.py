@@ -2,25 +2,33 @@
 
 `--dist loadscope` keeps a file's tests on one worker (its guest and fixtures are built once) and
 gives each class of test_molecule_scenarios.py a worker of its own. With `--no-loadscope-reorder` it
-hands the scopes out in collection order, two per worker to begin with: the files that take
-minutes go first, each followed on its worker by a short one, so that the longest is not the last
-to start. Durations are from a 2-core machine; scopes not listed keep their usual order after these.
+hands the scopes out in collection order, two per worker to begin with, then one more to a worker
+when it starts its last: the files that take minutes go first, longest first, so that no long one is
+the last to start (in session 10's order the pair's two guests started late and the run ended with
+minutes of one busy worker). Durations are from a 2-core machine; scopes not listed keep their usual
+order after these.
 """
 import os
 
 FIRST = [
-    "test_vllm_deploy.py",                       # ~11 min: the real vLLM CPU build and its fault matrix
-    "test_molecule_scenarios.py::TestDeploy",    # ~10 min: two guests, crash, reboots, rolling restart
-    "test_deploy_lifecycle.py",                  # ~6 min: interrupted deploys, preflight, stop/start
+    # Longest first (worker-seconds in a cold run on 2 cores, session 11), each of the three followed
+    # on its worker by a short one; then the rest longest first, to whichever worker frees up.
+    "test_vllm_deploy.py",                       # ~24 min: the caches, the real vLLM CPU build, its faults
+    "test_deploy_lifecycle.py",                  # ~15 min: interrupted deploys, preflight, stop/start
+    "test_molecule_scenarios.py::TestDeploy",    # ~11 min: two guests, changed variable, rolling restart
     "test_timeline_playbook.py",                 # short ones, queued behind the three above
     "test_benchmark.py",
     "test_deploy_inventories.py",
-    "test_sim_sglang_deploy.py",                 # ~5 min
-    "test_molecule_scenarios.py::TestNotify",    # ~4 min
-    "test_inference_env.py",                     # ~4 min
+    "test_inference_env.py",                     # ~9 min
+    "test_sim_sglang_deploy.py",                 # ~8 min
+    "test_molecule_scenarios.py::TestNotify",    # ~7 min
+    "test_two_node.py",                          # ~7 min: two guests
+    "test_inference_env_real.py",                # ~5 min: the real torch venv
+    "test_collection_install.py",                # ~4 min: a guest deployed by FQCN from the tarball
     "test_module_sim.py",                        # ~3 min
-    "test_collection_install.py",                # ~2-3 min: a guest deployed by FQCN from the tarball
-    "test_stacks_sim.py",                        # ~2-3 min, busy: ranks spinning in native calls
+    "test_live_progress.py",
+    "test_stacks_sim.py",                        # busy: ranks spinning in native calls
+    "test_molecule_scenarios.py::TestDefault",
 ]
 
 
