@@ -14,6 +14,9 @@ import sys
 
 import pytest
 
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch import prometheus_text
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Verdict
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
 VENV = "/opt/modelwake/venv"
@@ -233,8 +236,13 @@ def test_sglang_metrics_can_be_switched_off_and_the_textfile_gets_the_expected_l
     engine = line.split(" -- ", 1)[1]
     assert engine.startswith("%s/bin/python -m sglang.launch_server " % VENV) and "--enable-metrics" not in engine
     # The expected load time is a textfile of its own, never in the unit: a new figure restarts nothing.
-    assert 'modelwake_load_expected_seconds{name="sglang-quiet.service"} 930\n' \
-        in read(rendered, "metricsoff", "expected-load.prom")
+    written = read(rendered, "metricsoff", "expected-load.prom")
+    assert 'modelwake_load_expected_seconds{name="sglang-quiet.service"} 930\n' in written
+    # The launcher writes the same family when run by hand with --expected-load-seconds: node_exporter
+    # refuses one family with two HELP texts, so the role's must be the launcher's, word for word.
+    launchers = prometheus_text("sglang-quiet.service", Verdict(phase="loading", msg=""), 0.0, expected_load=930)
+    assert [line for line in written.splitlines() if line.startswith("#")] == \
+        [line for line in launchers.splitlines() if "modelwake_load_expected_seconds" in line and line.startswith("#")]
     # Without a textfile there is nothing to write it beside.
     assert not os.path.exists(os.path.join(str(rendered["root"]), "notify", "expected-load.prom"))
 
