@@ -136,10 +136,13 @@ class GuestHost(object):
                                  % (command, proc.returncode, out, proc.stderr.decode("utf-8", "replace")))
         return out
 
-    def unit_state(self, unit):
-        out = self.sh("systemctl show %s -p InvocationID -p NRestarts -p ActiveState -p SubState -p MainPID "
-                      "-p ExecMainStatus" % unit)
+    def show(self, unit, *properties):
+        """`systemctl show` of the unit's properties, as {name: value}."""
+        out = self.sh("systemctl show %s %s" % (unit, " ".join("-p " + name for name in properties)))
         return dict(line.split("=", 1) for line in out.splitlines())
+
+    def unit_state(self, unit):
+        return self.show(unit, "InvocationID", "NRestarts", "ActiveState", "SubState", "MainPID", "ExecMainStatus")
 
     def health(self, port):
         """/health's status code as the guest itself sees it ('000': nothing answered)."""

@@ -156,8 +156,7 @@ def test_first_deploy_installs_offline_and_answers(guest):
     print("\nphases (the handler's wait): %s, ready after %s s" % (phases, seconds))
     state = unit_state()
     # Under the launcher (Type=notify): active only after its own completion, which its status says.
-    launched = dict(line.split("=", 1) for line in
-                    on_guest("systemctl show %s -p Type -p ActiveState -p StatusText" % UNIT).splitlines())
+    launched = VM.show(UNIT, "Type", "ActiveState", "StatusText")
     assert (launched["Type"], launched["ActiveState"]) == ("notify", "active"), launched
     assert re.match(r"ready in [\dhms]+$", launched["StatusText"]), launched
     start = int(on_guest("systemctl show %s -p ExecMainStartTimestampMonotonic --value" % UNIT)) / 1e6
