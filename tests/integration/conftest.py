@@ -4,15 +4,15 @@
 gives each class of test_molecule_scenarios.py a worker of its own. With `--no-loadscope-reorder` it
 hands the scopes out in collection order, two per worker to begin with, then one more to a worker
 when it starts its last: the files that take minutes go first, longest first, so that no long one is
-the last to start (in session 10's order the pair's two guests started late and the run ended with
-minutes of one busy worker). Durations are from a 2-core machine; scopes not listed keep their usual
-order after these.
+the last to start (one started late leaves a single busy worker for minutes at the end). Durations
+are worker-time from a cold run on a 2-core machine; scopes not listed keep their usual order after
+these.
 """
 import os
 
 FIRST = [
-    # Longest first (worker-seconds in a cold run on 2 cores, session 11), each of the three followed
-    # on its worker by a short one; then the rest longest first, to whichever worker frees up.
+    # Longest first, each of the three followed on its worker by a short one; then the rest longest
+    # first, to whichever worker frees up.
     "test_vllm_deploy.py",                       # ~24 min: the caches, the real vLLM CPU build, its faults
     "test_deploy_lifecycle.py",                  # ~15 min: interrupted deploys, preflight, stop/start
     "test_molecule_scenarios.py::TestDeploy",    # ~11 min: two guests, changed variable, rolling restart

@@ -1,4 +1,5 @@
-"""The Type=notify launcher under the guest's real systemd (testinfra; runs after converge). Each test leaves the unit ready for the next; faults come from a runtime drop-in
+"""The Type=notify launcher under the guest's real systemd (testinfra; runs after converge). Each
+test leaves the unit ready for the next; faults come from a runtime drop-in
 that appends the simulator's --fault to the rendered ExecStart, removed afterwards."""
 import json
 import re
