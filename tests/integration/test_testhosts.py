@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -75,6 +76,19 @@ def test_guest_has_no_route_beyond_the_bridge(guest):
     # Guests talk to each other and to the host only: no default route, no NAT.
     assert in_guest(guest, "ip -4 route") == "10.213.77.0/24 dev host0 proto kernel scope link src %s" % tool(
         "addr", guest).stdout.strip()
+
+
+def test_the_guest_console_is_read_into_console_log(guest):
+    # The guest's systemd writes its console when a stop job is slow; a console nobody reads fills
+    # up and blocks it, and the shutdown never ends (the reboot below then times out).
+    console = os.path.join(os.environ.get("MODELWAKE_CACHE") or os.path.expanduser("~/.cache/modelwake"),
+                           "testhosts", "guests", guest, "console.log")
+    before = os.path.getsize(console)
+    in_guest(guest, "head -c 100000 /dev/zero | tr '\\0' c | timeout 20 tee /dev/console >/dev/null")
+    deadline = time.monotonic() + 10  # nspawn copies the last bytes after tee has returned
+    while os.path.getsize(console) - before < 100000 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert os.path.getsize(console) - before >= 100000
 
 
 def test_reboot_gives_a_new_boot_and_keeps_files_and_the_fake_gpus(guest):
