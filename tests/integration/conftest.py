@@ -6,7 +6,7 @@ hands the scopes out in collection order, two per worker to begin with, then one
 when it starts its last: the files that take minutes go first, longest first, so that no long one is
 the last to start (one started late leaves a single busy worker for minutes at the end). Durations
 are worker-time from a cold run on a 2-core machine; scopes not listed keep their usual order after
-these.
+these. A test that passed only on its rerun has its first failure printed at the end of the run.
 """
 import os
 
@@ -42,3 +42,23 @@ def scope(item):
 def pytest_collection_modifyitems(items):
     # A stable sort: the tests of one file keep their order (some build on the one before).
     items.sort(key=lambda item: FIRST.index(scope(item)) if scope(item) in FIRST else len(FIRST))
+
+
+# A test that failed and then passed its rerun still failed once: `-rR` only names it, so its failure
+# is printed at the end of the run too, or the cause of a flaky test is lost with the green result.
+RERUN_FAILURES = []
+
+
+def pytest_runtest_logreport(report):
+    if report.outcome == "rerun":
+        RERUN_FAILURES.append(report)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not RERUN_FAILURES:
+        return
+    terminalreporter.section("failed before passing on a rerun")
+    for report in RERUN_FAILURES:
+        terminalreporter.write_sep("_", report.nodeid)
+        # The end holds the assertion and its message (a Molecule scenario's: its failed step).
+        terminalreporter.write_line(report.longreprtext[-12000:])
