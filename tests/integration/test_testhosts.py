@@ -9,9 +9,10 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
+
+from guesthost import until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(ROOT, "tools", "testhosts")
@@ -85,10 +86,9 @@ def test_the_guest_console_is_read_into_console_log(guest):
                            "testhosts", "guests", guest, "console.log")
     before = os.path.getsize(console)
     in_guest(guest, "head -c 100000 /dev/zero | tr '\\0' c | timeout 20 tee /dev/console >/dev/null")
-    deadline = time.monotonic() + 10  # nspawn copies the last bytes after tee has returned
-    while os.path.getsize(console) - before < 100000 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert os.path.getsize(console) - before >= 100000
+    # nspawn copies the last bytes after tee has returned.
+    until("100 KB more in %s" % console, lambda: os.path.getsize(console) - before >= 100000, timeout=10,
+          interval=0.1)
 
 
 def test_reboot_gives_a_new_boot_and_keeps_files_and_the_fake_gpus(guest):
