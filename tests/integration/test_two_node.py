@@ -6,7 +6,7 @@ listening on the dist-init port, node 1 connecting to it over the test bridge, d
                             asks node 0's; each follows its own processes; the group serves; status.yml
                             looks at both the same way
   node 1 dies while loading node 0's wait fails at its next look, naming node 1 (its connections to the
-                            dist-init port closed), well within the stall bound
+                            dist-init port closed), not by the stall bound
   rolling restart           the pair restarts as one unit of service: node 0's turn restarts both
 
 The guests are destroyed afterwards, also on failure.
@@ -54,6 +54,7 @@ class Pair(object):
         self.guests = {node: "mwp%d-%d" % (rank, suffix) for rank, node in enumerate(NODES)}
         self.addresses = {}
         self.tmp = None
+        self.extra_args = FAST  # the engine arguments the pair's units run with now
 
     def up(self, tmp):
         self.tmp = tmp
@@ -169,18 +170,23 @@ def test_the_group_comes_up_together_and_serves_from_node_0(pair):
 
 
 def test_node_1_dying_while_loading_fails_node_0s_wait_naming_it(pair):
-    pair.sh(NODES[0], "touch %s" % HOLD)  # node 0 pauses before its last shard: the group is mid-load
+    # A hold file of this attempt's own: its path is a new argument on both nodes, so the group restarts
+    # together, also on a rerun after a failed attempt left the pair running with the previous one.
+    hold = "%s-%d" % (HOLD, time.time())
+    pair.sh(NODES[0], "touch %s" % hold)  # node 0 pauses before its last shard: the group is mid-load
+    before = pair.unit_state(NODES[0])["InvocationID"]
     result = {}
 
     def deploy():
-        # A new argument on both nodes: the group restarts together, then waits.
-        result["run"] = pair.play("deploy-k26.yml", {"model_service_extra_args": FAST + ["--hold-load", HOLD]})
+        pair.extra_args = FAST + ["--hold-load", hold]
+        result["run"] = pair.play("deploy-k26.yml", {"model_service_extra_args": pair.extra_args})
 
     runner = threading.Thread(target=deploy)
     try:
         runner.start()
-        until("node 0 loading, node 1 connected",
-              lambda: "Load weight begin" in pair.sh(NODES[0], "journalctl -u %s -n 30 --no-pager -o cat" % UNIT)
+        until("node 0 restarted and loading, node 1 connected",
+              lambda: pair.unit_state(NODES[0])["InvocationID"] != before
+              and "Load weight begin" in pair.sh(NODES[0], "journalctl -u %s -n 30 --no-pager -o cat" % UNIT)
               and pair.addresses[NODES[1]] in dist_init_peers(NODES[0]), timeout=240)
         # Node 0's launcher looks every 5 s (the role's poll interval): it must have seen node 1's
         # connection before the kill, or a node 1 that systemd restarts within that look is only a join.
@@ -191,20 +197,21 @@ def test_node_1_dying_while_loading_fails_node_0s_wait_naming_it(pair):
         pair.sh(NODES[1], "kill -KILL $(systemctl show -p MainPID --value %s)" % UNIT)
         runner.join(300)
         assert not runner.is_alive(), "the deploy did not end"
-        decided = time.monotonic() - killed
+        TIMINGS["node 1 killed -> deploy ended"] = round(time.monotonic() - killed, 1)
     finally:
-        pair.sh(NODES[0], "rm -f %s" % HOLD, check=False)
+        pair.sh(NODES[0], "rm -f %s" % hold, check=False)
         runner.join(300)
     rc, out = result["run"]
-    TIMINGS["node 1 killed -> deploy failed"] = round(decided, 1)
     failed = [v for v in verdicts(out, UNIT + ".service") if v.get("host") == NODES[0] and v["phase"] == "failed"]
     assert rc != 0 and failed, out[-4000:]
     # Named by node 0's wait itself, or by node 0's launcher when it saw it first (the wait then quotes
     # the launcher's status: the unit's process exited, "failed: node pair-node1 ... left the group").
+    # Decided by the leave, not by the stall bound (a "stalled" verdict); that it is the very next look
+    # after the leave is the classifier's, tested on replayed looks (test_classifier_peers.py): here the
+    # deploy also waits for node 1's own wait, which this machine's speed decides.
     assert re.search(r"failed: node pair-node1 \(%s\) left the group at \+\d+ s: its connections to the dist-init "
                      r"port %d closed" % (re.escape(pair.addresses[NODES[1]]), DIST_PORT), failed[-1]["msg"]), failed
-    # The next look after the kill, not the stall bound.
-    assert decided < STALL, decided
+    TIMINGS["node 0's wait: failed at"] = failed[-1]["elapsed"]
     # Node 0's own launcher watches the group too: it says who left and exits, so that Restart= starts
     # node 0 again beside the restarted node 1 and the group forms anew, without anyone.
     left = "node pair-node1 (%s) left the group" % pair.addresses[NODES[1]]
@@ -225,7 +232,8 @@ def test_node_1_dying_while_loading_fails_node_0s_wait_naming_it(pair):
 def test_a_rolling_restart_restarts_the_pair_as_one_unit(pair):
     before = dict((node, pair.unit_state(node)) for node in NODES)
     with Timed(TIMINGS, "rolling restart of the pair"):
-        rc, out = pair.play("playbooks/rolling-restart.yml", {"model_service_extra_args": FAST + ["--hold-load", HOLD]})
+        # The units' own arguments: a changed unit on node 1 would restart the group again at node 1's turn.
+        rc, out = pair.play("playbooks/rolling-restart.yml", {"model_service_extra_args": pair.extra_args})
     assert rc == 0, out[-4000:]
     after = dict((node, pair.unit_state(node)) for node in NODES)
     for node in NODES:
