@@ -1,0 +1,1 @@
+../plugins/modules/file_tree.py

@@ -1,0 +1,230 @@
+#!/usr/bin/python
+# Copyright: (c) modelwake contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Make a directory hold exactly the given files, in one call to the host."""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: file_tree
+short_description: Install a set of small files under one directory in a single call
+description:
+  - Writes each file of I(files) under I(path) whose content, owner, group or mode differ, creating
+    the directories it needs, and removes the files that match I(prune) but are not in I(files).
+  - One call to the host for the whole set. A C(ansible.builtin.copy) loop costs two module runs and a
+    transfer per file (on the first deploy of the launcher's package, 31 files, 60 module runs and
+    tens of seconds of CPU on controller and host); this is one module run, also when nothing changed.
+  - A file is replaced by renaming a complete copy over it, never written in place, so a process
+    that starts meanwhile reads either version, whole. Files whose content is already there are not
+    touched (their modification time stays, and so does a restart decision made from it).
+  - Meant for code and configuration of a few hundred kilobytes, not for large or binary payloads.
+options:
+  path:
+    description: The root directory (absolute). Created when absent.
+    type: path
+    required: true
+  files:
+    description:
+      - Relative path under I(path) -> the file's content, base64-encoded (C(lookup('ansible.builtin.file', src) | b64encode)),
+        so that no templating or text conversion touches it on the way.
+      - A path may not be absolute or climb out of I(path) (C(..)).
+    type: dict
+    required: true
+  owner:
+    description: Owner of the files and of the directories created.
+    type: str
+    default: root
+  group:
+    description: Group of the files and of the directories created.
+    type: str
+    default: root
+  mode:
+    description: Mode of the files, octal as a string (C("0644")).
+    type: str
+    default: "0644"
+  dir_mode:
+    description: Mode of I(path) and of the directories under it that hold I(files).
+    type: str
+    default: "0755"
+  prune:
+    description:
+      - Shell patterns of relative paths (C(*) also matches C(/)); a file under I(path) that matches
+        one and is not in I(files) is removed. Without any, nothing is removed.
+    type: list
+    elements: str
+    default: []
+author: modelwake contributors (@modelwake)
+notes:
+  - Supports check mode, reporting what it would write, correct and remove.
+"""
+
+EXAMPLES = r"""
+- name: Install the launcher's package in one call
+  modelwake.serving.file_tree:
+    path: /opt/modelwake/lib
+    files:
+      modelwake/__init__.py: "{{ lookup('ansible.builtin.file', 'modelwake/__init__.py', rstrip=False) | b64encode }}"
+      modelwake-launch: "{{ lookup('ansible.builtin.file', 'modelwake-launch', rstrip=False) | b64encode }}"
+    prune: ["modelwake/*.py"]
+"""
+
+RETURN = r"""
+written:
+  description: The relative paths written (new or changed content), sorted.
+  returned: always
+  type: list
+  elements: str
+  sample: ["modelwake/readiness/classifier.py"]
+fixed:
+  description: The relative paths whose content was right but whose owner, group or mode was corrected.
+  returned: always
+  type: list
+  elements: str
+removed:
+  description: The relative paths removed by I(prune), sorted.
+  returned: always
+  type: list
+  elements: str
+"""
+
+import base64
+import binascii
+import fnmatch
+import os
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+ARGUMENT_SPEC = {
+    "path": {"type": "path", "required": True},
+    "files": {"type": "dict", "required": True},
+    "owner": {"type": "str", "default": "root"},
+    "group": {"type": "str", "default": "root"},
+    "mode": {"type": "str", "default": "0644"},
+    "dir_mode": {"type": "str", "default": "0755"},
+    "prune": {"type": "list", "elements": "str", "default": []},
+}
+
+
+def decode_files(files):
+    """{relative path: bytes} from the module's files argument; ValueError names the bad entry."""
+    decoded = {}
+    for relative, encoded in sorted(files.items()):
+        parts = relative.split("/")
+        if not relative or relative.startswith("/") or ".." in parts or "" in parts:
+            raise ValueError("files: %r is not a plain relative path under path (no leading /, no .., no //)" % relative)
+        if not isinstance(encoded, str):
+            raise ValueError("files: the content of %s must be a base64 string (| b64encode), not %s"
+                             % (relative, type(encoded).__name__))
+        try:
+            decoded[relative] = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("files: the content of %s is not base64: encode it with | b64encode" % relative)
+    return decoded
+
+
+def parse_mode(name, value):
+    try:
+        mode = int(value, 8)
+    except ValueError:
+        raise ValueError("%s: %r is not an octal mode such as \"0644\"" % (name, value))
+    if not 0 <= mode <= 0o7777:
+        raise ValueError("%s: %r is not a file mode (0000 to 7777)" % (name, value))
+    return mode
+
+
+def current_content(target):
+    """The file's bytes, or None when there is no regular file."""
+    if not os.path.isfile(target) or os.path.islink(target):
+        return None
+    with open(target, "rb") as handle:
+        return handle.read()
+
+
+def plan(root, files, prune):
+    """What to do: (to_write, to_check, to_remove) as sorted relative paths. to_check: content already there."""
+    to_write, to_check = [], []
+    for relative, content in sorted(files.items()):
+        if current_content(os.path.join(root, relative)) == content:
+            to_check.append(relative)
+        else:
+            to_write.append(relative)
+    to_remove = []
+    if prune and os.path.isdir(root):
+        for directory, _dirs, names in os.walk(root):
+            for name in names:
+                relative = os.path.relpath(os.path.join(directory, name), root)
+                if relative not in files and any(fnmatch.fnmatch(relative, pattern) for pattern in prune):
+                    to_remove.append(relative)
+    return to_write, to_check, sorted(to_remove)
+
+
+def ensure_directory(module, directory, dir_mode, owner, group):
+    """Create directory and its missing parents (those created get the owner, group and mode)."""
+    missing = []
+    while not os.path.isdir(directory) and directory != os.path.dirname(directory):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    for created in reversed(missing):
+        os.mkdir(created, dir_mode)
+        os.chmod(created, dir_mode)  # whatever the umask
+        module.set_owner_if_different(created, owner, False)
+        module.set_group_if_different(created, group, False)
+
+
+def set_attributes(module, target, owner, group, mode):
+    """Owner, group and mode of target as asked; True when one of them changed."""
+    changed = module.set_owner_if_different(target, owner, False)
+    changed = module.set_group_if_different(target, group, changed)
+    return module.set_mode_if_different(target, mode, changed)
+
+
+def write_file(module, target, content, owner, group, mode):
+    """Replace target by a complete new file with content (a rename: never a half-written file)."""
+    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".%s." % os.path.basename(target))
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(content)
+        set_attributes(module, temporary, owner, group, mode)
+        os.rename(temporary, target)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    root = os.path.normpath(params["path"])
+    try:
+        if not os.path.isabs(root):
+            raise ValueError("path: %r is not absolute" % params["path"])
+        files = decode_files(params["files"])
+        mode = parse_mode("mode", params["mode"])
+        dir_mode = parse_mode("dir_mode", params["dir_mode"])
+    except ValueError as exc:
+        module.fail_json(msg=str(exc))
+    if os.path.exists(root) and not os.path.isdir(root):
+        module.fail_json(msg="path: %s exists and is not a directory" % root)
+
+    to_write, to_check, to_remove = plan(root, files, params["prune"])
+    owner, group = params["owner"], params["group"]
+    if not module.check_mode:
+        ensure_directory(module, root, dir_mode, owner, group)
+        for relative in to_write:
+            target = os.path.join(root, relative)
+            ensure_directory(module, os.path.dirname(target), dir_mode, owner, group)
+            write_file(module, target, files[relative], owner, group, mode)
+    # In check mode these only tell whether they would change something.
+    fixed = [relative for relative in to_check if set_attributes(module, os.path.join(root, relative), owner, group, mode)]
+    if not module.check_mode:
+        for relative in to_remove:
+            os.unlink(os.path.join(root, relative))
+    module.exit_json(changed=bool(to_write or fixed or to_remove), written=to_write, fixed=fixed, removed=to_remove)
+
+
+if __name__ == "__main__":
+    main()
