@@ -175,10 +175,10 @@ def test_node_1_dying_while_loading_fails_node_0s_wait_naming_it(pair):
     hold = "%s-%d" % (HOLD, time.time())
     pair.sh(NODES[0], "touch %s" % hold)  # node 0 pauses before its last shard: the group is mid-load
     before = pair.unit_state(NODES[0])["InvocationID"]
+    pair.extra_args = FAST + ["--hold-load", hold]
     result = {}
 
     def deploy():
-        pair.extra_args = FAST + ["--hold-load", hold]
         result["run"] = pair.play("deploy-k26.yml", {"model_service_extra_args": pair.extra_args})
 
     runner = threading.Thread(target=deploy)
