@@ -25,7 +25,16 @@ $(VENV)/.installed: requirements.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
 	touch $@
 
-venv: $(VENV)/.installed ## Create the pinned controller toolchain in .venv
+# Python compiles a module run's zip anew every time: the toolchain's Python (which runs the tests'
+# modules on the controller) keeps those compiles, as the test hosts do (tools/zipimport_cache.py).
+export MODELWAKE_ZIPIMPORT_CACHE ?= $(MODELWAKE_CACHE)/zipimport
+$(VENV)/.zipimport-cache: tools/zipimport_cache.py $(VENV)/.installed
+	site=$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	cp tools/zipimport_cache.py "$$site/modelwake_zipimport_cache.py"; \
+	echo "import modelwake_zipimport_cache" > "$$site/modelwake-zipimport-cache.pth"
+	touch $@
+
+venv: $(VENV)/.installed $(VENV)/.zipimport-cache ## Create the pinned controller toolchain in .venv
 
 lint: venv ## yamllint, ansible-lint (production profile) and ansible-test sanity on the built collection
 	yamllint --strict .
