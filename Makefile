@@ -29,9 +29,8 @@ $(VENV)/.installed: requirements.txt
 # modules on the controller) keeps those compiles, as the test hosts do (tools/zipimport_cache.py).
 export MODELWAKE_ZIPIMPORT_CACHE ?= $(MODELWAKE_CACHE)/zipimport
 $(VENV)/.zipimport-cache: tools/zipimport_cache.py $(VENV)/.installed
-	site=$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
-	cp tools/zipimport_cache.py "$$site/modelwake_zipimport_cache.py"; \
-	echo "import modelwake_zipimport_cache" > "$$site/modelwake-zipimport-cache.pth"
+	$(VENV)/bin/python tools/zipimport_cache.py install \
+		"$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 	touch $@
 
 venv: $(VENV)/.installed $(VENV)/.zipimport-cache ## Create the pinned controller toolchain in .venv

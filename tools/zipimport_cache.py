@@ -3,12 +3,12 @@
 Ansible runs a module by handing Python a zip of the module and its module_utils; Python's zipimport
 compiles every file of that zip from source on every run and never keeps the result (unlike imports
 from a directory, which leave a __pycache__), and Python 3.11's zipimport compiles each module twice
-(once to name its file, once to run it). That is about a third of a small module run's CPU, and the
-suite makes thousands of module runs on 2 cores (docs/testing.md, "Where the time goes").
+(once to name its file, once to run it). The suite makes thousands of module runs on 2 cores
+(docs/testing.md; the measured cost is in bench/REPORT.md, "The test suite").
 
 Installed by tools/testhosts into every test host's system Python and by `make venv` into the
-toolchain's venv (the tests' module runs on the controller), each time as a module with a .pth line
-that imports it at start-up. It wraps zipimport's compile step with a cache keyed by the source's
+toolchain's venv (the tests' module runs on the controller), both through `install()` below: the
+module and a .pth line that imports it at start-up. It wraps zipimport's compile step with a cache keyed by the source's
 digest. The code objects are those compile() returned for the same bytes; only their file name is set
 to the running zip's path, so tracebacks read as they would without the cache. Production hosts never
 get this file: it changes how fast a module starts, not what it does.
@@ -65,5 +65,22 @@ def _cached_compile_source(pathname, source):
     return code
 
 
+def install(site_dir):
+    """Put this file into `site_dir` (a site-packages directory) with the .pth line that imports it."""
+    os.makedirs(site_dir, exist_ok=True)
+    with open(__file__) as handle:
+        source = handle.read()
+    with open(os.path.join(site_dir, "modelwake_zipimport_cache.py"), "w") as handle:
+        handle.write(source)
+    # site.py runs the .pth lines that begin with "import" at every start-up of that Python.
+    with open(os.path.join(site_dir, "modelwake-zipimport-cache.pth"), "w") as handle:
+        handle.write("import modelwake_zipimport_cache\n")
+
+
 if _compile_source is not None:
     zipimport._compile_source = _cached_compile_source
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "install":
+        sys.exit("usage: zipimport_cache.py install SITE_PACKAGES_DIR")
+    install(sys.argv[2])

@@ -89,3 +89,13 @@ def test_an_unwritable_or_damaged_cache_falls_back_to_compiling(tmp_path):
         with open(entry, "wb") as handle:
             handle.write(damage)
         assert run(payload_zip(tmp_path / "c.zip"), cache)[0] == "42"
+
+
+def test_install_puts_the_module_and_its_pth_line_where_site_runs_them(tmp_path):
+    site_dir = tmp_path / "site-packages"
+    subprocess.run([sys.executable, os.path.join(HOOK_DIR, "zipimport_cache.py"), "install", str(site_dir)], check=True)
+    # site.addsitedir is what site.py does for a site-packages directory at start-up.
+    out = subprocess.run([sys.executable, "-c", "import site, zipimport; site.addsitedir(%r); "
+                          "print(zipimport._compile_source.__name__)" % str(site_dir)],
+                         check=True, stdout=subprocess.PIPE, text=True).stdout
+    assert out.strip() == "_cached_compile_source"
