@@ -178,14 +178,47 @@ def test_first_deploy_installs_offline_and_answers(guest):
 # again) -> that start's worker SIGSTOPped -> reboot mid-load -> truncated shard -> config.json missing
 # -> port taken.
 
+LOOKS = "/run/modelwake-test-looks.jsonl"  # the stopped-worker waits' looks (progress_path), for failures
+
+
+def stopped_wait(**overrides):
+    """The wait of a stopped-worker case, its looks recorded on the guest (looks_seen reads them)."""
+    on_guest("rm -f %s" % LOOKS)
+    return vllm_wait(stall_timeout=STALL, progress_path=LOOKS, **overrides)
+
+
+def looks_seen():
+    """Per look of the last stopped-worker wait: when, which stacks it read (or why none), the
+    completion's answer and the verdict's phase: what a failed stacks assertion needs."""
+    looks = []
+    for line in on_guest("cat %s || true" % LOOKS, check=False).splitlines():
+        try:
+            look = json.loads(line)
+        except ValueError:
+            continue
+        snap, stacks = look["snapshot"], look["snapshot"].get("stacks")
+        looks.append({"t": round(snap["t"], 1), "phase": look["verdict"]["phase"],
+                      "completion": ((snap.get("http") or {}).get("completion") or {}).get("kind"),
+                      "stacks": None if stacks is None else {
+                          "read": [(p["pid"], p["name"], p["state"], p["frames"][:1]) for p in stacks["processes"]],
+                          "unavailable": stacks.get("unavailable"), "cpu_s": stacks.get("cpu_s")},
+                      "errors": snap.get("errors")})
+    return looks
+
+
 def stopped_worker_named(result, pid):
     """The ranks' stacks (py-spy from the venv, installed by inference_env) name the stopped worker
     and where it stopped; the API server and the engine core are shown as well."""
     msg = result["msg"]
-    assert re.search(r"the ranks' stacks: .*VLLM::Worker \(pid %s\) state T \(stopped\) in \w+ \(\S+:\d+\)" % pid, msg), msg
+    # On failure, what the reads saw: the verdict's stacks, why none were read, and every look's reads.
+    evidence = json.dumps({"result": {key: result.get(key) for key in ("msg", "stacks", "stacks_unavailable",
+                                                                       "warnings", "elapsed")},
+                           "looks": looks_seen()}, indent=1)
+    assert re.search(r"the ranks' stacks: .*VLLM::Worker \(pid %s\) state T \(stopped\) in \w+ \(\S+:\d+\)" % pid,
+                     msg), evidence
     worker = [s for s in result["stacks"] if str(s["pid"]) == str(pid)]
-    assert worker and worker[0]["state"] == "T" and worker[0]["frames"], result["stacks"]
-    assert "VLLM::EngineCore" in [s["name"] for s in result["stacks"]], result["stacks"]
+    assert worker and worker[0]["state"] == "T" and worker[0]["frames"], evidence
+    assert "VLLM::EngineCore" in [s["name"] for s in result["stacks"]], evidence
 
 
 def test_worker_stopped_after_ready_is_stalled_while_health_says_200(guest):
@@ -194,7 +227,7 @@ def test_worker_stopped_after_ready_is_stalled_while_health_says_200(guest):
     try:
         assert health() == "200"
         with timed("SIGSTOP worker after ready -> stalled (stall_timeout %d), /health 200" % STALL):
-            after = guest.wait(**vllm_wait(stall_timeout=STALL))
+            after = guest.wait(**stopped_wait())
         assert health() == "200"
     finally:
         on_guest("kill -CONT %s" % pid, check=False)
@@ -230,7 +263,7 @@ def test_worker_killed_after_ready_exits_0_then_its_restart_stopped_is_stalled_a
     restarted = until("the new start's worker process", lambda: new_worker_pid(pid), timeout=180, interval=0.2)
     on_guest("kill -STOP %s" % restarted)
     with timed("SIGSTOP worker during start -> stalled (stall_timeout %d)" % STALL):
-        during = guest.wait(**vllm_wait(stall_timeout=STALL))
+        during = guest.wait(**stopped_wait())
     VERDICTS["SIGSTOP during start"] = during["msg"]
     assert during["phase"] == "stalled", during
     assert "state T (stopped)" in during["msg"], during

@@ -180,6 +180,21 @@ def test_a_stall_names_the_ranks_also_when_the_latest_read_is_a_gap_old(stall):
     assert [s["rank"] for s in verdict.stacks] == [None, 0, 1] and verdict.where.startswith("TP0-1 in all_reduce")
 
 
+def test_the_look_at_the_stall_reads_the_stacks_when_no_silent_look_came_first():
+    # The real vLLM worker stopped after ready: the first look reads the unit's log backlog (news,
+    # so that look is not silent) and waits out a 30 s completion timeout, so the next look is
+    # already past the stall's moment. That look reads the stacks, and the verdict names the ranks.
+    cfg = config(engine="sglang", stall_timeout=20, poll_interval=2)
+    ranks = Ranks("spin", INIT)
+    classifier = Classifier(cfg)
+    first = classifier.observe(ranks.look(0, classifier.stacks_due(0), cores_per_rank=0.0))
+    assert first.phase == "initializing" and not classifier.stacks_due(2)  # news: not silent
+    assert classifier.stacks_due(30)
+    verdict = classifier.observe(ranks.look(30, True, cores_per_rank=0.0))
+    assert verdict.phase == "stalled", verdict.msg
+    assert "; the ranks' stacks: TP0-1 in all_reduce (parallel_state.py:512)" in verdict.msg, verdict.msg
+
+
 def test_stacks_read_in_an_earlier_phase_are_not_shown_in_the_next():
     cfg = config(engine="sglang", stall_timeout=600, poll_interval=5, expected_bytes=10 * 1024 ** 3)
     ranks = Ranks("spin", [SGLANG_PREFIX + "Load weight begin. avail mem=90.00 GB"])

@@ -128,10 +128,19 @@ class Classifier(object):
     def stacks_due(self, t):
         """Whether the look at `t` should read the ranks' stacks: the last look saw nothing move
         but (maybe) CPU, and the latest read is old enough: stacks_interval (0: every such look), or
-        longer where the last read cost enough CPU to need it (STACKS_CPU_SHARE)."""
+        longer where the last read cost enough CPU to need it (STACKS_CPU_SHARE); and the look at
+        the stall's moment, when no recent read would name the ranks in its verdict."""
         st = self.state
         cfg = self.config
-        if cfg.py_spy == "off" or st["t0"] is None or not st["silent"]:
+        if cfg.py_spy == "off" or st["t0"] is None:
+            return False
+        # The look that may declare the stall reads them unless a recent read would be shown: a
+        # "stalled" says where the ranks are also when no silent look came first (the first look's
+        # log backlog was news, then its hung completion held it past the stall's moment).
+        stall_due = self.stall_due()
+        if stall_due is not None and t >= stall_due and not self._recent_stacks(t - st["t0"]):
+            return True
+        if not st["silent"]:
             return False
         last = st["stacks_t"]
         if last is None:
