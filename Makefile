@@ -47,7 +47,11 @@ unit: venv ## Unit tests: pure logic, replayed traces, scripted GPUs, no sleepin
 # The bridge test runs alone first: it checks that the bridge goes when the last guest does.
 TEST_WORKERS ?= 3
 
+# Each test's start and stop, per worker (tests/integration/conftest.py): where a run's time went.
+export MODELWAKE_TEST_TIMELINE ?= $(MODELWAKE_CACHE)/integration-timeline.tsv
+
 integration: venv system-deps ## Integration tests and Molecule scenarios: real processes, venvs, Ansible, guests
+	@mkdir -p "$(MODELWAKE_CACHE)" && rm -f "$(MODELWAKE_TEST_TIMELINE)"
 	$(PYTEST) tests/integration/test_testhosts_bridge.py
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --reruns 1 --reruns-delay 5 --durations 30 -rR \
 		--ignore tests/integration/test_testhosts_bridge.py tests/integration

@@ -49,9 +49,20 @@ def pytest_collection_modifyitems(items):
 RERUN_FAILURES = []
 
 
+# Where each test's time fell in the run (MODELWAKE_TEST_TIMELINE, set by `make integration`): one
+# tab-separated line per phase of a test - start, stop (epoch seconds), worker, phase, outcome, test -
+# so that a run's idle tail or a late start can be traced to the test that made it.
+TIMELINE = os.environ.get("MODELWAKE_TEST_TIMELINE")
+
+
 def pytest_runtest_logreport(report):
     if report.outcome == "rerun":
         RERUN_FAILURES.append(report)
+    if TIMELINE and "PYTEST_XDIST_WORKER" not in os.environ:  # the controller: every worker's reports
+        worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "-")
+        with open(TIMELINE, "a") as handle:
+            handle.write("%.1f\t%.1f\t%s\t%s\t%s\t%s\n"
+                         % (report.start, report.stop, worker, report.when, report.outcome, report.nodeid))
 
 
 def pytest_terminal_summary(terminalreporter):
