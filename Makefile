@@ -48,12 +48,13 @@ unit: venv ## Unit tests: pure logic, replayed traces, scripted GPUs, no sleepin
 TEST_WORKERS ?= 3
 
 # Each test's start and stop, per worker (tests/integration/conftest.py): where a run's time went.
-export MODELWAKE_TEST_TIMELINE ?= $(MODELWAKE_CACHE)/integration-timeline.tsv
+# Given to the integration tests only (not exported: the unit tests' own inner pytest runs would write to it).
+TEST_TIMELINE ?= $(MODELWAKE_CACHE)/integration-timeline.tsv
 
 integration: venv system-deps ## Integration tests and Molecule scenarios: real processes, venvs, Ansible, guests
-	@mkdir -p "$(MODELWAKE_CACHE)" && rm -f "$(MODELWAKE_TEST_TIMELINE)"
-	$(PYTEST) tests/integration/test_testhosts_bridge.py
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --reruns 1 --reruns-delay 5 --durations 30 -rR \
+	@mkdir -p "$(MODELWAKE_CACHE)" && rm -f "$(TEST_TIMELINE)"
+	MODELWAKE_TEST_TIMELINE="$(TEST_TIMELINE)" $(PYTEST) tests/integration/test_testhosts_bridge.py
+	MODELWAKE_TEST_TIMELINE="$(TEST_TIMELINE)" $(PYTEST) -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --reruns 1 --reruns-delay 5 --durations 30 -rR \
 		--ignore tests/integration/test_testhosts_bridge.py tests/integration
 
 molecule: venv system-deps ## Molecule scenarios alone, one after the other (make integration runs them too)

@@ -175,7 +175,12 @@ def test_two_hosts_each_print_progress_and_end_with_the_result_of_one_long_call(
     assert 0 < cost["startup_cpu_s"] < 5 and 0 < cost["looks_cpu_s"] < 30 and cost["gpu_read_cpu_s"] <= cost["looks_cpu_s"]
     assert sorted(followed) == sorted(plain_result)
     assert dict((k, type(v)) for k, v in followed.items()) == dict((k, type(v)) for k, v in plain_result.items())
-    assert [p["phase"] for p in followed["phases"]] == [p["phase"] for p in plain_result["phases"]]
+    # The same phases, but for a leading "starting": whether the first look came before the engine
+    # began to load depends on how fast ansible-playbook started on the machine, not on the wait.
+    def phases_from_loading(result):
+        phases = [p["phase"] for p in result["phases"]]
+        return phases[1:] if phases[:1] == ["starting"] else phases
+    assert phases_from_loading(followed) == phases_from_loading(plain_result) == ["loading", "initializing", "ready"]
 
 
 def test_with_the_json_callback_stdout_parses_and_the_lines_go_to_stderr(tmp_path, playbook, start_sim):
