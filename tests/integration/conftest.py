@@ -20,11 +20,13 @@ FIRST = [
     "test_benchmark.py",
     "test_deploy_inventories.py",
     "test_inference_env.py",                     # ~9 min
+    # A guest deploy that mostly waits on round trips (~3 min, one core mostly idle): last, it was
+    # the run's tail alone for 110 s (c27); early, its waits overlap the others' work.
+    "test_collection_install.py",
     "test_sim_sglang_deploy.py",                 # ~8 min
     "test_molecule_scenarios.py::TestNotify",    # ~7 min
     "test_two_node.py",                          # ~7 min: two guests
     "test_inference_env_real.py",                # ~5 min: the real torch venv
-    "test_collection_install.py",                # ~4 min: a guest deployed by FQCN from the tarball
     "test_module_sim.py",                        # ~3 min
     "test_live_progress.py",
     "test_stacks_sim.py",                        # busy: ranks spinning in native calls
