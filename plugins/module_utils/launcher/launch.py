@@ -614,7 +614,7 @@ class Launcher(object):
         except ModelWakeError as exc:  # the engine died before the first look
             engine.exited.wait(EOF_WAIT)
             self.log("failed: the engine ended at once (%s): %s" % (engine.describe_exit(), exc))
-            return EXIT_FAILED
+            return self._usage_or(EXIT_FAILED)
         probe.sources.append(engine.output)
         reporter = Reporter(notifier, self.clock, options.extend_timeout, name=options.name,
                             textfile=options.textfile, log=self.log, wall_clock=self.wall_clock,
@@ -638,16 +638,21 @@ class Launcher(object):
         for line in result.get("evidence") or []:
             self.log("  | " + line)
         grace = min(self.options.stop_timeout, 10)
-        code = VERDICT_EXIT.get(result["phase"], EXIT_FAILED)
-        if engine.exited.is_set() and engine.refused_its_options():
-            # Restarting cannot help: the unit's RestartPreventExitStatus= stops the loop on this code.
-            code = EXIT_USAGE
-            self.log("the engine refused its options (exit status %d): fix the command line, a restart "
-                     "would fail the same way" % EXIT_USAGE)
+        code = self._usage_or(VERDICT_EXIT.get(result["phase"], EXIT_FAILED))
         if not engine.exited.is_set():
             self.log("stopping the engine's process group %d" % engine.pid)
         engine.stop(grace)
         self.log("engine %s; exiting %d so that Restart= applies" % (engine.describe_exit(), code))
+        return code
+
+    def _usage_or(self, code):
+        """`code`, or EXIT_USAGE when the engine exited refusing its options: restarting cannot help,
+        and the unit's RestartPreventExitStatus= stops the loop on that code. Also when the engine
+        was gone before the first look (how fast it exits decides which path sees it)."""
+        if self.engine.exited.is_set() and self.engine.refused_its_options():
+            self.log("the engine refused its options (exit status %d): fix the command line, a restart "
+                     "would fail the same way" % EXIT_USAGE)
+            return EXIT_USAGE
         return code
 
     def _unresponsive(self, notifier, liveness, ping):
