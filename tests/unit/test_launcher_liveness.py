@@ -3,9 +3,13 @@ N failed answers in a row, so that systemd's watchdog restarts a hung engine.
 
 The count is pure logic (a scripted probe); the probe is the ready check's own HTTP code against a
 real loopback server; the supervising loop runs against that server and a real notify socket, its
-watchdog periods passed at once (no real sleeping).
+watchdog periods passed at once (no real sleeping). Also the launcher's other exit without a
+verdict: an engine gone before the first look.
 """
+import dataclasses
+import os
 import signal
+import sys
 import threading
 import time
 
@@ -13,7 +17,8 @@ import pytest
 
 from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import ModelWakeError
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch import (
-    API_KEY_ENV, Launcher, Liveness, StopRequested, build_launch_config, liveness_probe, parse_args)
+    API_KEY_ENV, EXIT_USAGE, Engine, Launcher, Liveness, StopRequested, build_launch_config, liveness_probe,
+    parse_args)
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.notify import Notifier
 
 from test_http_probe import SECRET, Server
@@ -185,3 +190,20 @@ class Err(object):
 
     def flush(self):
         pass
+
+
+def test_an_engine_refusing_its_options_before_the_first_look_ends_with_the_usage_status(receiver):
+    """An engine that exits with argparse's status 2 before the launcher's first look (how fast it
+    exits decides which path sees it): the launcher exits 2 there too, so RestartPreventExitStatus=
+    stops systemd's loop (c28: it exited 3 on this path)."""
+    errors = []
+    environ = {"NOTIFY_SOCKET": receiver.address}
+    options = parse_args(["--url", "http://127.0.0.1:9", "--", "true"])
+    launcher = Launcher(options, environ=environ, err=Err(errors))
+    launcher.engine = engine = Engine([sys.executable, "-c", "import sys; sys.exit(2)"], dict(os.environ), Err([]))
+    assert engine.exited.wait(30)
+    cfg = build_launch_config(options, environ)
+    assert launcher._watch(Notifier(environ), dataclasses.replace(cfg, pid=engine.pid)) == EXIT_USAGE
+    text = "".join(errors)
+    assert "failed: the engine ended at once (exit status 2)" in text
+    assert "the engine refused its options (exit status 2)" in text
