@@ -20,8 +20,8 @@ FIRST = [
     "test_benchmark.py",
     "test_deploy_inventories.py",
     "test_inference_env.py",                     # ~9 min
-    # A guest deploy that mostly waits on round trips (~3 min, one core mostly idle): last, it was
-    # the run's tail alone for 110 s (c27); early, its waits overlap the others' work.
+    # A guest deploy that mostly waits on round trips (~3 min, one core mostly idle): handed out
+    # early, its waits overlap the others' work instead of making the run's tail alone.
     "test_collection_install.py",
     "test_sim_sglang_deploy.py",                 # ~8 min
     "test_molecule_scenarios.py::TestNotify",    # ~7 min

@@ -210,15 +210,19 @@ def stopped_worker_named(result, pid):
     """The ranks' stacks (py-spy from the venv, installed by inference_env) name the stopped worker
     and where it stopped; the API server and the engine core are shown as well."""
     msg = result["msg"]
-    # On failure, what the reads saw: the verdict's stacks, why none were read, and every look's reads.
-    evidence = json.dumps({"result": {key: result.get(key) for key in ("msg", "stacks", "stacks_unavailable",
+
+    def evidence():
+        """On failure only (an assert's message is built when it fails): the verdict's stacks, why
+        none were read, and every look's reads."""
+        return json.dumps({"result": {key: result.get(key) for key in ("msg", "stacks", "stacks_unavailable",
                                                                        "warnings", "elapsed")},
                            "looks": looks_seen()}, indent=1)
+
     assert re.search(r"the ranks' stacks: .*VLLM::Worker \(pid %s\) state T \(stopped\) in \w+ \(\S+:\d+\)" % pid,
-                     msg), evidence
+                     msg), evidence()
     worker = [s for s in result["stacks"] if str(s["pid"]) == str(pid)]
-    assert worker and worker[0]["state"] == "T" and worker[0]["frames"], evidence
-    assert "VLLM::EngineCore" in [s["name"] for s in result["stacks"]], evidence
+    assert worker and worker[0]["state"] == "T" and worker[0]["frames"], evidence()
+    assert "VLLM::EngineCore" in [s["name"] for s in result["stacks"]], evidence()
 
 
 def test_worker_stopped_after_ready_is_stalled_while_health_says_200(guest):

@@ -195,7 +195,7 @@ class Err(object):
 def test_an_engine_refusing_its_options_before_the_first_look_ends_with_the_usage_status(receiver):
     """An engine that exits with argparse's status 2 before the launcher's first look (how fast it
     exits decides which path sees it): the launcher exits 2 there too, so RestartPreventExitStatus=
-    stops systemd's loop (c28: it exited 3 on this path)."""
+    stops systemd's loop (EXIT_FAILED on this path would let Restart= try again)."""
     errors = []
     environ = {"NOTIFY_SOCKET": receiver.address}
     options = parse_args(["--url", "http://127.0.0.1:9", "--", "true"])
