@@ -8,18 +8,23 @@ own loopback. Checked: systemd 252 starts the notification only when the unit en
 state (its start limit hit), not at the auto-restart before; the POST holds the verdict and its
 evidence; the URL is in a 0600 root file and in neither `systemctl cat`, the journal nor the play's
 output; a re-run changes nothing. Then playbooks/status.yml writes its look at that unit as JSON
-(-e modelwake_status_json), without the catalog's API key. The guest is destroyed afterwards.
+(-e modelwake_status_json), without the catalog's API key. Last, the journal's runs: a unit restarted
+while journald is held back, so that the old run's last words are read after the new run began (and
+tagged with its id, as a busy journald does): the wait's look at the new run is not failed by them.
+The guest is destroyed afterwards.
 """
 import json
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
 from guesthost import ROOT, TESTHOSTS, host_tool, until
 
 PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
+ANSIBLE = os.path.join(ROOT, ".venv", "bin", "ansible")
 GUEST = "mwf-%d" % (os.getpid() % 100000)
 UNIT = "mwf-dummy"
 PORT = 18080
@@ -115,12 +120,15 @@ def guest(tmp_path_factory):
 
 
 def play(tmp, playbook, *args):
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_FORCE_COLOR="0")
     proc = subprocess.run([PLAYBOOK, "-i", str(tmp / "inventory.json"), playbook, "--diff", "-v"] + list(args),
-                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          cwd=ROOT, env=ansible_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True, timeout=600)
     return proc.returncode, proc.stdout
+
+
+def ansible_env():
+    return dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                ANSIBLE_FORCE_COLOR="0")
 
 
 def test_a_unit_that_enters_the_failed_state_is_posted_once_with_its_verdict(guest):
@@ -184,3 +192,57 @@ def test_status_writes_its_looks_as_json_without_the_api_key(guest, tmp_path):
     assert {"elapsed", "evidence", "phases", "restarts", "bytes_read"} <= set(look), sorted(look)
     assert API_KEY not in path.read_text() and API_KEY not in out
     assert "invocation" not in look
+
+
+# A server that dies the way vLLM does when systemd stops it during its start: a traceback ending in
+# KeyboardInterrupt (vLLM's SIGTERM handler) and the engine's exception, then exit.
+LAST_WORDS_SERVER = r"""
+import signal, sys, time
+print("INFO: modelwake test server starting", flush=True)
+def stopped(*args):
+    print("Traceback (most recent call last):")
+    print("KeyboardInterrupt: terminated")
+    print("Exception: WorkerProc initialization failed due to an exception in a background process.", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stopped)
+while True:
+    time.sleep(1)
+"""
+RUNS_UNIT = "mwf-runs"
+
+
+def journal_entries(unit):
+    return [json.loads(line) for line in on_guest("journalctl -u %s -o json --no-pager" % unit).splitlines()]
+
+
+def test_a_restarted_runs_late_last_words_do_not_fail_the_new_runs_wait(guest):
+    on_guest("cat > /usr/local/bin/mwf-runs.py", stdin=LAST_WORDS_SERVER)
+    on_guest("cat > /etc/systemd/system/%s.service && systemctl daemon-reload && systemctl restart %s"
+             % (RUNS_UNIT, RUNS_UNIT), stdin="[Service]\nExecStart=/usr/bin/python3 /usr/local/bin/mwf-runs.py\n")
+    until("the first run's line", lambda: "starting" in on_guest("journalctl -u %s -o cat --no-pager" % RUNS_UNIT))
+    old = on_guest("systemctl show %s -p InvocationID --value" % RUNS_UNIT)
+    time.sleep(2)  # journald re-reads a writer's unit and run after 1 s: the old run's next lines get the current one
+    # journald held back while systemd stops the old run (its last words wait in their socket) and
+    # starts the new one; read once let go, they are tagged with the new run's id.
+    on_guest("systemctl kill -s STOP systemd-journald")
+    try:
+        on_guest("systemctl restart %s" % RUNS_UNIT)
+        new = on_guest("systemctl show %s -p InvocationID --value" % RUNS_UNIT)
+    finally:
+        on_guest("systemctl kill -s CONT systemd-journald")
+    until("the new run's line", lambda: [e for e in journal_entries(RUNS_UNIT)
+                                         if e.get("_SYSTEMD_INVOCATION_ID") == new and "starting" in e["MESSAGE"]])
+    entries = journal_entries(RUNS_UNIT)
+    old_pid = [e["_PID"] for e in entries if e.get("_SYSTEMD_INVOCATION_ID") == old][0]
+    last_words = [e for e in entries if e["MESSAGE"] == "KeyboardInterrupt: terminated"]
+    # What the reader has to see through: the old run's process, its last words under another run's id.
+    assert [(e["_PID"], e.get("_SYSTEMD_INVOCATION_ID")) for e in last_words] in ([(old_pid, new)], [(old_pid, None)]), \
+        (old, new, [(e["_PID"], e.get("_SYSTEMD_INVOCATION_ID"), e["MESSAGE"]) for e in entries])
+    proc = subprocess.run([ANSIBLE, "-i", str(guest / "inventory.json"), GUEST, "-o", "-m", "wait_for_model_ready",
+                           "-a", json.dumps({"unit": RUNS_UNIT + ".service", "url": "http://127.0.0.1:30019",
+                                             "engine": "vllm", "timeout": 0})],
+                          cwd=ROOT, env=ansible_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True, timeout=300)
+    look = json.loads(proc.stdout.split(" => ", 1)[1])
+    assert look["phase"] == "starting" and "KeyboardInterrupt" not in json.dumps(look), look
+    on_guest("systemctl stop %s" % RUNS_UNIT)

@@ -133,3 +133,36 @@ def test_decode_message_forms():
     assert logs.decode_message([104, 105, 13, 10]) == "hi\r\n"
     assert logs.decode_message([0xff, 65]) == "\ufffdA"
     assert logs.decode_message(None) == ""
+
+
+# A restart while the old run was still starting, as a busy journald records it: the old run's lines
+# (its launcher, pid 4100) first with its own id, then its last words read after the new run had
+# begun, tagged with the new run's id or none; systemd's own messages name their run.
+RESTART = [
+    {"__CURSOR": "s=r;i=1", "_PID": "4100", "_SYSTEMD_INVOCATION_ID": "old", "MESSAGE": "Loading weights took 2 s"},
+    {"__CURSOR": "s=r;i=2", "_PID": "1", "INVOCATION_ID": "old", "MESSAGE": "Stopping vllm-tiny.service..."},
+    {"__CURSOR": "s=r;i=3", "_PID": "1", "INVOCATION_ID": "new", "MESSAGE": "Starting vllm-tiny.service..."},
+    {"__CURSOR": "s=r;i=4", "_PID": "4100", "_SYSTEMD_INVOCATION_ID": "new", "MESSAGE": "KeyboardInterrupt: terminated"},
+    {"__CURSOR": "s=r;i=5", "_PID": "4100", "MESSAGE": "Exception: WorkerProc initialization failed"},
+    {"__CURSOR": "s=r;i=6", "_PID": "5200", "_SYSTEMD_INVOCATION_ID": "new", "MESSAGE": "modelwake: starting vllm"},
+]
+
+
+def test_journal_reader_keeps_an_earlier_runs_late_lines_out_whatever_run_journald_tagged_them_with():
+    late = {"__CURSOR": "s=r;i=7", "_PID": "4100", "_SYSTEMD_INVOCATION_ID": "new", "MESSAGE": "Traceback (most recent call last):"}
+    crash = {"__CURSOR": "s=r;i=8", "_PID": "5200", "_SYSTEMD_INVOCATION_ID": "new", "MESSAGE": "SafetensorError: incomplete metadata"}
+    stopped = {"__CURSOR": "s=r;i=9", "_PID": "1", "INVOCATION_ID": "new", "MESSAGE": "vllm-tiny.service: Main process exited"}
+    restarted = {"__CURSOR": "s=r;i=10", "_PID": "5300", "_SYSTEMD_INVOCATION_ID": "next", "MESSAGE": "modelwake: starting vllm"}
+    runner = ScriptedRunner([(0, as_output(RESTART), ""), (0, as_output([late, crash, stopped, restarted]), "")])
+    reader = logs.JournalReader("vllm-tiny.service", runner=runner, invocation_id="new", main_pid=5200)
+    assert reader.read_new() == ["Starting vllm-tiny.service...", "modelwake: starting vllm"]
+    # Later reads: the old run's process stays out; this run's crash and the restart after it are in.
+    assert reader.read_new() == ["SafetensorError: incomplete metadata", "vllm-tiny.service: Main process exited",
+                                 "modelwake: starting vllm"]
+    assert runner.calls[1][-2:] == ["--after-cursor", "s=r;i=6"]
+
+
+def test_journal_reader_without_the_runs_id_keeps_every_line_of_the_first_read_as_context():
+    runner = ScriptedRunner([(0, as_output(RESTART), "")])
+    reader = logs.JournalReader("vllm-tiny.service", runner=runner, main_pid=5200)
+    assert len(reader.read_new()) == len(RESTART) and reader.last_read_context

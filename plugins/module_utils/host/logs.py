@@ -92,12 +92,23 @@ def decode_message(message):
 
 
 class JournalReader(object):
-    """Reads a unit's journal as JSON with a cursor, so no line is read twice or missed."""
+    """Reads a unit's journal as JSON with a cursor, so no line is read twice or missed.
 
-    def __init__(self, unit, runner=run_command, invocation_id=None, since_epoch=None):
+    Only the lines of the unit's current run (`invocation_id`, whose main process is `main_pid`) and
+    of the runs after it are the start's story. The run a line belongs to is not always the one
+    journald names: it tags a stdout line with the unit's invocation at the moment it reads the
+    line, not when it was written, so the last words of a run stopped for a restart (vLLM's
+    "KeyboardInterrupt: terminated"), read late by a busy journald, carry the new run's id. The
+    line's `_PID` (the process whose stream it came through) does not lie: a process whose lines
+    carried an earlier run's id belongs to that run, whatever its later lines say.
+    """
+
+    def __init__(self, unit, runner=run_command, invocation_id=None, since_epoch=None, main_pid=None):
         self.unit = unit
         self.runner = runner
         self.invocation_id = invocation_id
+        self.main_pid = str(main_pid) if main_pid else None
+        self.earlier_run_pids = set()
         self.since_epoch = time.time() if since_epoch is None else since_epoch
         self.cursor = None
         self.first = True
@@ -130,11 +141,26 @@ class JournalReader(object):
             except ValueError:
                 continue
             self.cursor = entry.get("__CURSOR", self.cursor)
-            # On the first read, lines of an earlier run of the unit are not this start's story.
-            if first and self.invocation_id and entry.get("_SYSTEMD_INVOCATION_ID") not in (None, self.invocation_id):
+            if self._of_an_earlier_run(entry, first):
                 continue
             parsed, rest = split_records(decode_message(entry.get("MESSAGE")).encode("utf-8"))
             lines.extend(parsed)
             if rest.strip():
                 lines.append(rest.decode("utf-8", "replace"))
         return lines
+
+    def _of_an_earlier_run(self, entry, first):
+        pid = entry.get("_PID")
+        if pid in self.earlier_run_pids:
+            return True
+        if not (first and self.invocation_id):
+            # Later reads hold this run's lines and those of the restarts that follow it.
+            return False
+        if pid == "1":
+            # systemd's own messages about the unit ("Stopped ...") name their run in INVOCATION_ID.
+            return entry.get("INVOCATION_ID") not in (None, self.invocation_id)
+        if entry.get("_SYSTEMD_INVOCATION_ID") in (None, self.invocation_id):
+            return False
+        if pid and pid != self.main_pid:
+            self.earlier_run_pids.add(pid)
+        return True

@@ -35,7 +35,8 @@ class HostProbe(object):
             if props.get("LoadState") == "not-found":
                 raise InputError("unit", "unit %s does not exist on this host" % config.unit)
             self.journal = JournalReader(config.unit, runner=runner,
-                                         invocation_id=props.get("InvocationID") or None)
+                                         invocation_id=props.get("InvocationID") or None,
+                                         main_pid=props.get("MainPID"))
             self.sources.append(self.journal)
         else:
             root = procfs.read_process(config.pid, proc_root)
