@@ -245,7 +245,7 @@ def test_worker_stopped_after_ready_is_stalled_while_health_says_200(guest):
 
 def test_worker_killed_after_ready_exits_0_then_its_restart_stopped_is_stalled_and_a_reboot_brings_it_back(guest):
     before = unit_state()
-    assert before["ActiveState"] == "active"
+    assert before["ActiveState"] == "active", (before, on_guest("journalctl -u %s --no-pager -n 60" % UNIT))
     pid = worker_pid()
     assert pid
     with timed("kill -9 worker -> failed at the next look, unit started again by itself"):

@@ -87,7 +87,9 @@ def test_the_launchers_last_status_is_in_the_failure_message():
 
 LAUNCHER_LIKE = r"""
 import subprocess, sys
-child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+# The engine in a session of its own, as the launcher starts it.
+child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                         start_new_session=True)
 n = 0
 for i in range(3000000):  # the launcher's own work: HTTP probes, nvidia-smi, reading /proc
     n += i
@@ -126,6 +128,73 @@ def test_the_probe_counts_the_engine_under_the_launcher_not_the_launcher(fake_nv
         assert launcher_cpu >= 0.1
         assert snap.process["cpu_seconds"] < launcher_cpu  # the engine's start-up only
         assert snap.unit["StatusText"] == "loading 12% (8/64 shards)"
+    finally:
+        launcher.stdin.close()
+        launcher.wait()
+
+
+# A launcher reading its engine's stacks: on "start", a py-spy-like tool that works (in the launcher's
+# session, as run_command runs it) and waits; on "stop", the tool ends and is reaped. Its engine, in
+# a session of its own, sleeps (a stopped worker, a hang).
+LAUNCHER_READING_STACKS = r"""
+import subprocess, sys
+engine = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                          start_new_session=True)
+print(engine.pid, flush=True)
+tool = None
+for line in sys.stdin:
+    if line.strip() == "start":
+        tool = subprocess.Popen([sys.executable, "-c", "import sys\nn = 0\nfor i in range(3000000): n += i\n"
+                                 "print(flush=True)\nsys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        tool.stdout.readline()  # its work is done
+        print(tool.pid, flush=True)
+    else:
+        tool.stdin.close()
+        tool.wait()
+        print("reaped", flush=True)
+engine.stdin.close()
+engine.wait()
+"""
+
+
+class AccountedNotifySystemd(NotifySystemd):
+    """A notify unit whose cgroup accounting is what the kernel counts: all CPU of the launcher's
+    processes, reaped children's included, read from /proc at each `systemctl show`."""
+
+    def __call__(self, argv, timeout=30):
+        rc, out, err = NotifySystemd.__call__(self, argv, timeout)
+        if argv[0] == "systemctl":
+            ticks = sum(info["own_ticks"] + info["child_ticks"] for info in procfs.tree([self.main_pid]).values())
+            out += "CPUUsageNSec=%d\n" % (ticks * 10 ** 9 // procfs.CLK_TCK)
+        return rc, out, err
+
+
+def test_the_launchers_stack_reads_are_neither_the_engines_processes_nor_its_progress(fake_nvml):  # noqa: F811
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER_READING_STACKS, "/opt/modelwake/lib/modelwake-launch"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, universal_newlines=True)
+
+    def say(word):
+        launcher.stdin.write(word + "\n")
+        launcher.stdin.flush()
+        return launcher.stdout.readline().strip()
+
+    try:
+        engine_pid = int(launcher.stdout.readline())
+        runner = AccountedNotifySystemd(launcher.pid)
+        probe = HostProbe(config(unit=UNIT, url="http://127.0.0.1:%d" % closed_port()), runner=runner, nvml=fake_nvml)
+        first = probe.snapshot(0.0)
+        assert first.process["pids"] == [engine_pid]
+        tool_pid = int(say("start"))
+        # A look while the tool runs: it is not one of the server's processes, its work not the server's.
+        during = probe.snapshot(2.0)
+        assert during.process["pids"] == [engine_pid], during.process
+        assert during.process["cpu_seconds"] - first.process["cpu_seconds"] < 0.05, during.process
+        assert procfs.read_process(tool_pid)["own_ticks"] / float(procfs.CLK_TCK) >= 0.1
+        assert say("stop") == "reaped"
+        # Reaped into the launcher: the cgroup still holds its work, the server's figures do not.
+        after = probe.snapshot(4.0)
+        assert int(after.unit["CPUUsageNSec"]) / 1e9 - probe.accounting.first[2] >= 0.1
+        assert after.process["cpu_seconds"] - first.process["cpu_seconds"] < 0.05, after.process
     finally:
         launcher.stdin.close()
         launcher.wait()

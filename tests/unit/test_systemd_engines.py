@@ -161,6 +161,19 @@ def test_the_cgroup_counts_work_of_processes_that_left_the_tree():
     assert accounting.combine(38.0, 8 * MIB, unit) == (38.0, 108 * MIB)
 
 
+def test_the_launchers_own_work_in_the_cgroup_is_not_the_servers():
+    accounting = systemd.UnitAccounting()
+    unit = {"CPUUsageNSec": str(40 * 10 ** 9), "IOReadBytes": str(10 * MIB)}
+    assert accounting.combine(30.0, 8 * MIB, unit, (2.0, 1 * MIB)) == (30.0, 8 * MIB)
+    # A stopped engine: its tree still; the launcher read its stacks (py-spy, reaped: 0.6 s) and the
+    # cgroup grew by just that. No growth for the server.
+    unit = {"CPUUsageNSec": str(int(40.6 * 10 ** 9)), "IOReadBytes": str(11 * MIB)}
+    assert accounting.combine(30.0, 8 * MIB, unit, (2.6, 2 * MIB)) == (30.0, 8 * MIB)
+    # A process outside the tree at work beside it: its growth counts, the launcher's does not.
+    unit = {"CPUUsageNSec": str(int(45.6 * 10 ** 9)), "IOReadBytes": str(111 * MIB)}
+    assert accounting.combine(30.0, 8 * MIB, unit, (3.6, 2 * MIB)) == pytest.approx((34.0, 108 * MIB))
+
+
 def test_without_accounting_or_after_a_restart_the_tree_alone_counts():
     plain = systemd.UnitAccounting()
     unset = {"CPUUsageNSec": "[not set]", "IOReadBytes": "18446744073709551615"}

@@ -50,6 +50,7 @@ def read_process(pid, proc_root="/proc"):
         "comm": comm,
         "state": fields[0],
         "ppid": int(fields[1]),
+        "session": int(fields[3]),
         "own_ticks": int(fields[11]) + int(fields[12]),
         "faults": int(fields[7]) + int(fields[9]),
         "child_ticks": int(fields[13]) + int(fields[14]),

@@ -58,14 +58,22 @@ class UnitAccounting(object):
     The tree misses work by processes that left it (reparented to init, double-forked) while they
     ran; the cgroup holds them all. The growth shown is the larger of the two views' since the
     first look: nothing counts twice, and a restart (the unit's counters begin again) falls back to
-    the tree."""
+    the tree.
+
+    The cgroup also holds modelwake's launcher when it is the unit's main process: its own looks,
+    and the py-spy and nvidia-smi runs it reaps, are not the server's work (a launcher reading its
+    engine's stacks every few seconds would look like a server at work to this wait, and hide a
+    hang). `launcher` is the CPU seconds and read bytes of the launcher and the tools it runs,
+    reaped children's included, taken out."""
 
     def __init__(self):
         self.first = None  # (tree CPU s, tree bytes, unit CPU s, unit bytes) at the first look
 
-    def combine(self, tree_cpu, tree_read, unit):
+    def combine(self, tree_cpu, tree_read, unit, launcher=(0.0, 0)):
         unit_ns, unit_read = accounted(unit, "CPUUsageNSec"), accounted(unit, "IOReadBytes")
-        unit_cpu = None if unit_ns is None else unit_ns / 1e9
+        unit_cpu = None if unit_ns is None else unit_ns / 1e9 - launcher[0]
+        if unit_read is not None:
+            unit_read -= launcher[1]
         if self.first is None:
             self.first = (tree_cpu, tree_read, unit_cpu, unit_read)
         return (_larger_growth(tree_cpu, self.first[0], unit_cpu, self.first[2]),

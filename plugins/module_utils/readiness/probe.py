@@ -48,22 +48,29 @@ class HostProbe(object):
             self.sources.append(FileTailer(config.log_path))
 
     def _processes(self, unit):
+        """(the root pid, {pid: info} of the server's processes, {pid: info} of modelwake's launcher
+        and the tools it runs)."""
         if self.config.unit:
             if unit is None:
-                return None, {}
+                return None, {}, {}
             main = unit.get("MainPID") or 0
             roots = procfs.cgroup_pids(unit.get("ControlGroup"), main, self.proc_root) or ([main] if main else [])
             processes = procfs.tree(roots, self.proc_root)
             live = dict((p, i) for p, i in processes.items() if not procfs.is_gone(i))
+            launcher = {}
             if main in live and systemd.is_launcher(live[main]["cmdline"]):
-                # A notify unit's main process is modelwake's launcher: its own looks (HTTP probes,
-                # nvidia-smi runs it reaps) are not the server's progress. Count the engine only.
-                del live[main]
-            return main or None, live
+                # A notify unit's main process is modelwake's launcher: its own looks (HTTP probes, and
+                # the py-spy and nvidia-smi it runs) are not the server's progress, nor its processes
+                # (a py-spy caught in one look and gone at the next would change the tree twice).
+                # They share its session; the engine runs in a session of its own. Count the engine only.
+                session = live[main]["session"]
+                launcher = dict((p, i) for p, i in live.items() if i["session"] == session)
+                live = dict((p, i) for p, i in live.items() if i["session"] != session)
+            return main or None, live, launcher
         root = procfs.read_process(self.config.pid, self.proc_root)
         if procfs.is_gone(root) or root["starttime"] != self.root_start:
-            return self.config.pid, {}
-        return self.config.pid, procfs.tree([self.config.pid], self.proc_root)
+            return self.config.pid, {}, {}
+        return self.config.pid, procfs.tree([self.config.pid], self.proc_root), {}
 
     def snapshot(self, t, remaining=None, stacks=False):
         """One look. remaining: the most seconds the look may take, its reads included (None: the
@@ -78,10 +85,12 @@ class HostProbe(object):
                 unit = systemd.unit_properties(cfg.unit, self.runner)
             except systemd.SystemdError as exc:
                 errors.append(str(exc))
-        root_pid, processes = self._processes(unit)
+        root_pid, processes, launcher = self._processes(unit)
         cpu_seconds, read_bytes = self.counter.update(processes)
         if unit is not None:
-            cpu_seconds, read_bytes = self.accounting.combine(cpu_seconds, read_bytes, unit)
+            launcher_work = (sum(i["own_ticks"] + i["child_ticks"] for i in launcher.values()) / float(procfs.CLK_TCK),
+                             sum(i["read_bytes"] or 0 for i in launcher.values()))
+            cpu_seconds, read_bytes = self.accounting.combine(cpu_seconds, read_bytes, unit, launcher_work)
         process = {
             "root_pid": root_pid,
             "alive": bool(processes) and (cfg.unit is not None or cfg.pid in processes),
