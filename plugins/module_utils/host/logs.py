@@ -150,6 +150,7 @@ class JournalReader(object):
         return lines
 
     def _of_an_earlier_run(self, entry, first):
+        """Whether entry is an earlier run's line; learns the earlier runs' writers on the first read."""
         pid = entry.get("_PID")
         if pid in self.earlier_run_pids:
             return True
