@@ -223,13 +223,15 @@ def test_a_restarted_runs_late_last_words_do_not_fail_the_new_runs_wait(guest):
     old = on_guest("systemctl show %s -p InvocationID --value" % RUNS_UNIT)
     time.sleep(2)  # journald re-reads a writer's unit and run after 1 s: the old run's next lines get the current one
     # journald held back while systemd stops the old run (its last words wait in their socket) and
-    # starts the new one; read once let go, they are tagged with the new run's id.
-    on_guest("systemctl kill -s STOP systemd-journald")
+    # starts the new one; read once let go, they are tagged with the new run's id. Signalled by its pid:
+    # systemctl kill signals the unit's whole cgroup, which fails inside a test host on some kernels (CI's).
+    journald = on_guest("systemctl show -p MainPID --value systemd-journald")
+    on_guest("kill -STOP %s" % journald)
     try:
         on_guest("systemctl restart %s" % RUNS_UNIT)
         new = on_guest("systemctl show %s -p InvocationID --value" % RUNS_UNIT)
     finally:
-        on_guest("systemctl kill -s CONT systemd-journald")
+        on_guest("kill -CONT %s" % journald)
     until("the new run's line", lambda: [e for e in journal_entries(RUNS_UNIT)
                                          if e.get("_SYSTEMD_INVOCATION_ID") == new and "starting" in e["MESSAGE"]])
     entries = journal_entries(RUNS_UNIT)
