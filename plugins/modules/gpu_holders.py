@@ -70,11 +70,14 @@ backend_error:
   returned: always
   type: str
 gpus:
-  description: Every GPU found.
+  description:
+    - Every GPU found. C(memory_used_mib) as C(nvidia-smi) shows it; C(memory_free_mib) what can still be allocated
+      (the driver's reserved memory is in neither), null where the reader cannot tell.
   returned: always
   type: list
   elements: dict
-  sample: [{"index": 0, "uuid": "GPU-0", "memory_used_mib": 55000, "memory_total_mib": 97887, "utilization": 0}]
+  sample: [{"index": 0, "uuid": "GPU-0", "memory_used_mib": 55000, "memory_total_mib": 97887, "memory_free_mib": 42272,
+            "utilization": 0}]
 needed:
   description: Indices of the needed GPUs.
   returned: always

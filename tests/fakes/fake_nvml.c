@@ -5,13 +5,20 @@
  *
  * Reads ${MODELWAKE_FAKE_GPU_DIR:-/run/modelwake-fake-gpu}:
  *   gpus.json          {"gpus": [{"index", "uuid", "memory_total_mib", "memory_used_mib",
+ *                                 "memory_reserved_mib" (the driver's own, default 0),
  *                                 "utilization_gpu" (null: Not Supported)}, ...]}
  *   holder-<name>.json {"pid": 1234, "gpus": {"0": {"memory_mib": 76000, "utilization": 0}}}
  * A holder whose pid is gone (or a zombie) holds nothing, as on a real GPU. The picture is read
  * again when the directory changed (the writers replace files atomically) or 0.2 s have passed.
  *
  * MODELWAKE_FAKE_NVML_INIT_ERROR=<code> makes nvmlInit_v2 fail with that NVML return code (9:
- * driver not loaded). fakeNvmlCalls(name) tells tests how often a symbol was called.
+ * driver not loaded). MODELWAKE_FAKE_NVML_V1_ONLY=1 leaves out nvmlDeviceGetMemoryInfo_v2's answer
+ * (Function Not Found, as a driver before 510). fakeNvmlCalls(name) tells tests how often a symbol
+ * was called.
+ *
+ * Memory as a real driver counts it (seen on an H200, driver 580): the first version's `used`
+ * includes the reserved memory, nvmlDeviceGetMemoryInfo_v2's does not (nvidia-smi's figure), and
+ * `free` excludes it in both.
  *
  * Build: cc -shared -fPIC -O2 -o libnvidia-ml.so.1 fake_nvml.c (tests/fakes/fake_nvml.py does).
  */
@@ -28,19 +35,23 @@
 #define NVML_ERROR_NOT_SUPPORTED 3
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_DRIVER_NOT_LOADED 9
+#define NVML_ERROR_FUNCTION_NOT_FOUND 13
+#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
 
 #define MAX_GPUS 64
 #define MAX_PROCS 256
 #define MIB (1024ULL * 1024ULL)
 
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
+#define NVML_MEMORY_V2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2 << 24)))
 typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; } nvmlProcessInfo_t;
 
 typedef struct {
     int index;
     char uuid[96];
-    unsigned long long total_mib, used_mib;
+    unsigned long long total_mib, used_mib, reserved_mib;
     int util; /* -1: Not Supported */
 } gpu_t;
 
@@ -54,7 +65,8 @@ static int initialised;
 static struct timespec dir_mtime, loaded_at;
 
 static const char *names[] = {"nvmlInit_v2", "nvmlShutdown", "nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex_v2",
-                              "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetUUID",
+                              "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2",
+                              "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetUUID",
                               "nvmlDeviceGetComputeRunningProcesses_v3", NULL};
 static int calls[16];
 
@@ -156,6 +168,7 @@ static void load_gpus(const char *dir) {
         }
         gpu->total_mib = number_of(open, close, "memory_total_mib", 97887);
         gpu->used_mib = number_of(open, close, "memory_used_mib", 0);
+        gpu->reserved_mib = number_of(open, close, "memory_reserved_mib", 0);
         const char *util = value_of(open, close, "utilization_gpu");
         gpu->util = util && strncmp(util, "null", 4) == 0 ? -1 : (int)number_of(open, close, "utilization_gpu", 0);
         gpu_count++;
@@ -186,7 +199,8 @@ static void load_holder(const char *path) {
             gpu_t *gpu = gpu_by_index(index);
             if (gpu) {
                 unsigned long long memory = number_of(open, close, "memory_mib", 0);
-                gpu->used_mib = gpu->used_mib + memory > gpu->total_mib ? gpu->total_mib : gpu->used_mib + memory;
+                unsigned long long room = gpu->total_mib - gpu->reserved_mib;
+                gpu->used_mib = gpu->used_mib + memory > room ? room : gpu->used_mib + memory;
                 if (gpu->util >= 0) {
                     gpu->util += (int)number_of(open, close, "utilization", 0);
                     if (gpu->util > 100) gpu->util = 100;
@@ -244,6 +258,8 @@ const char *nvmlErrorString(int result) {
     case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument Version Mismatch";
     default: return "Unknown Error";
     }
 }
@@ -297,8 +313,23 @@ int nvmlDeviceGetMemoryInfo(void *device, nvmlMemory_t *memory) {
     gpu_t *gpu = device_of(device);
     if (!gpu || !memory) return NVML_ERROR_INVALID_ARGUMENT;
     memory->total = gpu->total_mib * MIB;
-    memory->used = gpu->used_mib * MIB;
+    memory->used = (gpu->used_mib + gpu->reserved_mib) * MIB;
     memory->free = memory->total - memory->used;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetMemoryInfo_v2(void *device, nvmlMemory_v2_t *memory) {
+    count("nvmlDeviceGetMemoryInfo_v2");
+    const char *v1_only = getenv("MODELWAKE_FAKE_NVML_V1_ONLY");
+    if (v1_only && *v1_only == '1') return NVML_ERROR_FUNCTION_NOT_FOUND;
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    gpu_t *gpu = device_of(device);
+    if (!gpu || !memory) return NVML_ERROR_INVALID_ARGUMENT;
+    if (memory->version != NVML_MEMORY_V2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    memory->total = gpu->total_mib * MIB;
+    memory->reserved = gpu->reserved_mib * MIB;
+    memory->used = gpu->used_mib * MIB;
+    memory->free = memory->total - memory->reserved - memory->used;
     return NVML_SUCCESS;
 }
 

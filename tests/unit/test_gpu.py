@@ -25,15 +25,18 @@ def fake_library(tmp_path_factory):
 
 @pytest.fixture
 def gpu_dir(tmp_path, monkeypatch):
-    """A scripted GPU picture: two GPUs, the second without utilisation (Not Supported)."""
+    """A scripted GPU picture: two GPUs, the first with the driver's reserved memory of an H200, the
+    second without utilisation (Not Supported)."""
     directory = tmp_path / "gpu"
     directory.mkdir()
     (directory / "gpus.json").write_text(json.dumps({"gpus": [
-        {"index": 0, "uuid": "GPU-aaa", "memory_total_mib": 97887, "memory_used_mib": 1824, "utilization_gpu": 0},
+        {"index": 0, "uuid": "GPU-aaa", "memory_total_mib": 97887, "memory_used_mib": 1824, "memory_reserved_mib": 615,
+         "utilization_gpu": 0},
         {"index": 1, "uuid": "GPU-bbb", "memory_total_mib": 97887, "memory_used_mib": 512, "utilization_gpu": None},
     ]}))
     monkeypatch.setenv("MODELWAKE_FAKE_GPU_DIR", str(directory))
     monkeypatch.delenv("MODELWAKE_FAKE_NVML_INIT_ERROR", raising=False)
+    monkeypatch.delenv("MODELWAKE_FAKE_NVML_V1_ONLY", raising=False)
     return directory
 
 
@@ -57,8 +60,10 @@ def test_the_binding_reads_memory_utilisation_uuid_and_processes_from_the_driver
         session.nvmlInit()
         assert session.nvmlDeviceGetCount() == 2
         first, second = session.nvmlDeviceGetHandleByIndex(0), session.nvmlDeviceGetHandleByIndex(1)
-        memory = session.nvmlDeviceGetMemoryInfo(first)
-        assert (memory.used, memory.total, memory.free) == (77824 * 2 ** 20, 97887 * 2 ** 20, (97887 - 77824) * 2 ** 20)
+        memory = session.nvmlDeviceGetMemoryInfo(first)  # the second version: used as nvidia-smi shows it
+        assert (memory.used, memory.total, memory.free) == (77824 * 2 ** 20, 97887 * 2 ** 20,
+                                                            (97887 - 615 - 77824) * 2 ** 20)
+        assert calls(fake_library, "nvmlDeviceGetMemoryInfo") == 0
         assert session.nvmlDeviceGetUtilizationRates(first).gpu == 40
         assert session.nvmlDeviceGetUUID(second) == "GPU-bbb"
         with pytest.raises(nvml.NvmlError) as info:
@@ -73,6 +78,22 @@ def test_the_binding_reads_memory_utilisation_uuid_and_processes_from_the_driver
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_driver_before_510_is_read_through_the_first_memory_call_and_asked_once(fake_library, gpu_dir,
+                                                                                   monkeypatch):
+    """Without nvmlDeviceGetMemoryInfo_v2 the first version answers: its `used` counts the reserved
+    memory (as the old drivers' nvidia-smi did), `free` is the same."""
+    monkeypatch.setenv("MODELWAKE_FAKE_NVML_V1_ONLY", "1")
+    session = nvml.Nvml(fake_library)
+    session.nvmlInit()
+    first = session.nvmlDeviceGetHandleByIndex(0)
+    asked = calls(fake_library, "nvmlDeviceGetMemoryInfo_v2")
+    for _ in range(3):
+        memory = session.nvmlDeviceGetMemoryInfo(first)
+        assert (memory.used, memory.free) == ((1824 + 615) * 2 ** 20, (97887 - 615 - 1824) * 2 ** 20)
+    assert calls(fake_library, "nvmlDeviceGetMemoryInfo_v2") == asked + 1
+    session.nvmlShutdown()
 
 
 def test_a_reader_keeps_one_session_and_its_handles_and_sees_memory_grow(fake_library, gpu_dir):
@@ -142,8 +163,10 @@ DEVICES = [
 
 # The same GPUs as NVML and nvidia-smi describe them: both backends must read them alike.
 EXPECTED_GPUS = [
-    {"index": 0, "uuid": "GPU-aaa", "memory_used_mib": 77824, "memory_total_mib": 97887, "utilization": 0},
-    {"index": 1, "uuid": "GPU-bbb", "memory_used_mib": 512, "memory_total_mib": 97887, "utilization": None},
+    {"index": 0, "uuid": "GPU-aaa", "memory_used_mib": 77824, "memory_total_mib": 97887, "memory_free_mib": 20063,
+     "utilization": 0},
+    {"index": 1, "uuid": "GPU-bbb", "memory_used_mib": 512, "memory_total_mib": 97887, "memory_free_mib": 97375,
+     "utilization": None},
 ]
 EXPECTED_PROCESSES = [{"index": 0, "pid": 4242, "used_memory_mib": 76000},
                       {"index": 1, "pid": 4243, "used_memory_mib": None}]
@@ -166,8 +189,8 @@ def test_gpus_filter_by_index(fake_calls):
 
 SMI = r"""#!/bin/sh
 case "$*" in
-  *--query-gpu=index,uuid,memory.used,memory.total,utilization.gpu*)
-    printf '0, GPU-aaa, 77824, 97887, 0\n1, GPU-bbb, 512, 97887, [N/A]\n' ;;
+  *--query-gpu=index,uuid,memory.used,memory.total,utilization.gpu,memory.free*)
+    printf '0, GPU-aaa, 77824, 97887, 0, 20063\n1, GPU-bbb, 512, 97887, [N/A], 97375\n' ;;
   *--query-compute-apps=gpu_uuid,pid,used_memory*)
     printf 'GPU-aaa, 4242, 76000\nGPU-bbb, 4243, [N/A]\n' ;;
   *) echo "unexpected: $*" >&2; exit 2 ;;
@@ -218,6 +241,46 @@ def test_no_gpu_at_all_is_empty_not_an_error(monkeypatch, tmp_path):
     assert reader.read() == [] and reader.compute_processes() == []
     assert reader.backend == "none" and reader.no_gpu_tools is True
     assert "libnvidia-ml.so.1" in reader.error  # why NVML did not answer, for a preflight
+
+
+# Read on an NVIDIA H200 (driver 580.159.04) while a PyTorch process held 2.6 GiB: both backends'
+# answers, byte for byte (tools/gpu-check's session, bench/REPORT.md "On a real GPU").
+H200_SMI = {
+    "--query-gpu": "0, GPU-2aeab138-72ee-c109-7814-9b564e67de7f, 2667, 143771, 1, 140490\n",
+    "--query-compute-apps": "GPU-2aeab138-72ee-c109-7814-9b564e67de7f, 563, 2658\n",
+}
+H200_NVML = {"total": 150754820096, "reserved": 644939776, "free": 147313524736, "used": 2796355584,
+             "used_v1": 3441295360, "process_used": 2658 * 2 ** 20}
+H200_READ = [{"index": 0, "uuid": "GPU-2aeab138-72ee-c109-7814-9b564e67de7f", "memory_used_mib": 2667,
+              "memory_total_mib": 143771, "memory_free_mib": 140490, "utilization": 1}]
+
+
+def test_a_real_h200s_answers_read_alike_through_nvidia_smi_and_nvml(fake_calls):
+    def runner(argv, timeout=30):
+        return 0, H200_SMI[argv[1].split("=")[0]], ""
+
+    fake_calls.configure(init_error="left out: read through nvidia-smi")
+    through_smi = gpu.GpuReader(runner=runner, nvml=fake_calls)
+    assert through_smi.read() == H200_READ and through_smi.backend == "nvidia-smi"
+    assert through_smi.compute_processes() == [{"index": 0, "pid": 563, "used_memory_mib": 2658}]
+
+    class H200(object):
+        """The binding's answers on that GPU: nvmlDeviceGetMemoryInfo_v2's, without the 615 MiB reserved."""
+        nvmlInit = nvmlShutdown = staticmethod(lambda: None)
+        nvmlDeviceGetCount = staticmethod(lambda: 1)
+        nvmlDeviceGetHandleByIndex = staticmethod(lambda index: "h200")
+        nvmlDeviceGetUUID = staticmethod(lambda handle: "GPU-2aeab138-72ee-c109-7814-9b564e67de7f")
+        nvmlDeviceGetMemoryInfo = staticmethod(lambda handle: nvml.MemoryV2(
+            version=nvml.MEMORY_V2_VERSION, **dict((k, H200_NVML[k]) for k in ("total", "reserved", "free", "used"))))
+        nvmlDeviceGetUtilizationRates = staticmethod(lambda handle: nvml.Utilization(gpu=1, memory=0))
+        nvmlDeviceGetComputeRunningProcesses = staticmethod(
+            lambda handle: [nvml.ComputeProcess(563, H200_NVML["process_used"])])
+
+    through_nvml = gpu.GpuReader(nvml=H200())
+    assert through_nvml.read() == H200_READ and through_nvml.backend == "nvml"
+    assert through_nvml.compute_processes() == [{"index": 0, "pid": 563, "used_memory_mib": 2658}]
+    # The first memory call's `used` on that GPU: 615 MiB more than nvidia-smi said.
+    assert round((H200_NVML["used_v1"] - H200_NVML["used"]) / 2 ** 20) == 615
 
 
 def test_failing_nvidia_smi_is_reported():

@@ -94,6 +94,14 @@ def test_plan_missing_gpus_and_free_memory():
     assert result["short_gpus"] == [{"index": 0, "free_mib": 77887, "needed_mib": 80000}]
 
 
+def test_plan_counts_free_memory_as_the_driver_does_when_it_says():
+    """Where the reader has the driver's own free figure, the reserved memory (615 MiB of an H200,
+    in neither `used` nor `free`) is not counted as free."""
+    exact = dict(gpu(0, 17000), memory_free_mib=97887 - 615 - 17000)
+    result = holders.plan([exact, gpu(1, 17000)], [], needed=[0, 1], min_free_mib=80500)
+    assert result["short_gpus"] == [{"index": 0, "free_mib": 80272, "needed_mib": 80500}]
+
+
 def test_plan_derives_the_need_from_the_model_size():
     gpus = [gpu(0, 97000), gpu(1, 0)]
     result = holders.plan(gpus, [], needed=[0, 1], model_bytes=2 * 1000 * MIB)

@@ -62,7 +62,8 @@ def test_pid_mode_snapshot_of_a_real_server(server, fake_nvml):
     assert snap.process["alive"] is True and snap.process["root_pid"] == proc.pid
     assert proc.pid in snap.process["pids"] and snap.process["states"][str(proc.pid)] in ("S", "R")
     assert snap.process["cpu_seconds"] > 0 and snap.process["read_bytes"] is not None
-    assert snap.gpus == [{"index": 0, "uuid": "GPU-0", "memory_used_mib": 1024, "memory_total_mib": 97887, "utilization": 3}]
+    assert snap.gpus == [{"index": 0, "uuid": "GPU-0", "memory_used_mib": 1024, "memory_total_mib": 97887,
+                          "memory_free_mib": 97887 - 1024, "utilization": 3}]
     assert snap.log_context == ["[2026-05-25 19:06:14 TP0] Load weight begin. avail mem=85 GB"] and snap.log_lines == []
     assert snap.http["health"]["code"] == 503 and snap.http["listening"] is True
     assert [o["pid"] for o in snap.listeners] == [proc.pid]

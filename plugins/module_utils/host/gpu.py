@@ -2,19 +2,26 @@
 
 NVML is used when libnvidia-ml.so.1 loads and initialises: one session per reader, the GPUs'
 handles and UUIDs kept after the first read, so a look costs a few C calls per GPU. Otherwise
-`nvidia-smi` answers the same questions (a fork and ~0.15 s of CPU each); with neither (no GPU at
-all, which is normal for tests and CPU engines) the lists are empty. Memory is reported in MiB;
-utilisation in percent, or None when the driver does not know.
+`nvidia-smi` answers the same questions (a fork and 15 ms of CPU each on a one-GPU H200 host, against
+0.07 ms for a look's NVML read of 8 GPUs: bench/REPORT.md); with neither (no GPU at
+all, which is normal for tests and CPU engines) the lists are empty. Memory is reported in MiB,
+`used` as nvidia-smi shows it and `free` as what can still be allocated (the driver's reserved
+memory, about 615 MiB of an H200, is in neither); utilisation in percent, or None when the driver
+does not know.
 """
 from ..common.command import run_command
 from .nvml import Nvml
 
 MIB = 1024 * 1024
 
-SMI_GPU_QUERY = ["nvidia-smi", "--query-gpu=index,uuid,memory.used,memory.total,utilization.gpu",
+SMI_GPU_QUERY = ["nvidia-smi", "--query-gpu=index,uuid,memory.used,memory.total,utilization.gpu,memory.free",
                  "--format=csv,noheader,nounits"]
 SMI_APPS_QUERY = ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory",
                   "--format=csv,noheader,nounits"]
+
+
+def _mib_up(size):
+    return int(-(-size // MIB))
 
 
 def _number(text):
@@ -42,7 +49,7 @@ class GpuReader(object):
         self.error = None
         self.no_gpu_tools = False
         # The answer of the nvidia-smi run that chose the backend, kept for the first read: each
-        # run costs the host ~0.15 s of CPU, and the first look needs the same answer.
+        # run costs the host a fork and milliseconds of CPU, and the first look needs the same answer.
         self._unread_smi = None
 
     def _choose(self):
@@ -74,7 +81,8 @@ class GpuReader(object):
         return self.gpus is None or index in self.gpus
 
     def read(self):
-        """[{index, uuid, memory_used_mib, memory_total_mib, utilization}] of the watched GPUs."""
+        """[{index, uuid, memory_used_mib, memory_total_mib, memory_free_mib, utilization}] of the
+        watched GPUs."""
         backend = self._choose()
         if backend == "nvml":
             return self._read_nvml()
@@ -108,8 +116,11 @@ class GpuReader(object):
             found.append({
                 "index": index,
                 "uuid": uuid,
-                "memory_used_mib": int(mem.used // MIB),
-                "memory_total_mib": int(mem.total // MIB),
+                # Rounded up, as nvidia-smi rounds (on an H200 615.06 MiB reserved is its 616 MiB):
+                # both backends give the operator's figures.
+                "memory_used_mib": _mib_up(mem.used),
+                "memory_total_mib": _mib_up(mem.total),
+                "memory_free_mib": _mib_up(mem.free),
                 "utilization": util,
             })
         return found
@@ -132,6 +143,7 @@ class GpuReader(object):
                     "uuid": cols[1],
                     "memory_used_mib": _number(cols[2]),
                     "memory_total_mib": _number(cols[3]),
+                    "memory_free_mib": _number(cols[5]) if len(cols) > 5 else None,
                     "utilization": _number(cols[4]),
                 })
         return found

@@ -146,9 +146,14 @@ def plan(gpus, holders, needed=None, service_unit=None, stop_units=(), max_forei
     if min_free_mib:
         for index in wanted:
             gpu = present.get(index)
-            if gpu is None or gpu["memory_total_mib"] is None or gpu["memory_used_mib"] is None:
+            if gpu is None:
                 continue
-            free = gpu["memory_total_mib"] - gpu["memory_used_mib"] + freed_mib[index]
+            free = gpu.get("memory_free_mib")
+            if free is None and None not in (gpu.get("memory_total_mib"), gpu.get("memory_used_mib")):
+                free = gpu["memory_total_mib"] - gpu["memory_used_mib"]  # a reader without the driver's own figure
+            if free is None:
+                continue
+            free += freed_mib[index]
             if free < min_free_mib:
                 short.append({"index": index, "free_mib": free, "needed_mib": min_free_mib})
     return {
