@@ -134,7 +134,12 @@ def test_status_shows_the_phases_and_start_returns_only_when_a_completion_works(
     # The first sample may come before systemd queued the start job.
     first = next(i for i, sample in enumerate(got["samples"]) if sample[1] == "activating")
     samples = got["samples"][first:]
-    assert set(state for _t, state, _text in samples) == {"activating"}, samples  # the whole load, until READY=1
+    # Activating for the whole load, until READY=1. A look taken between READY=1 and `systemctl start`
+    # noticing its job done (a busy machine) reads active: only at the end, never before a later activating.
+    states = [state for _t, state, _text in samples]
+    ready = states.index("active") if "active" in states else len(states)
+    assert set(states[:ready]) == {"activating"} and set(states[ready:]) <= {"active"}, samples
+    samples = samples[:ready]
     texts = [text for _t, _state, text in samples]
     assert any(re.match(r"loading \d+% \(\d+/64 shards", t) for t in texts), texts
     assert any(t.startswith("initializing") for t in texts), texts
