@@ -85,7 +85,7 @@ class Nvml(object):
             raise NvmlError("dlopen", None, "%s (no NVIDIA driver on this host?)" % exc)
         self._lib.nvmlErrorString.restype = ctypes.c_char_p
         self._functions = {}
-        self._v2_memory = None  # whether nvmlDeviceGetMemoryInfo_v2 answers; None until asked
+        self._memory_v2 = True  # nvmlDeviceGetMemoryInfo_v2 is asked until the driver shows it has none
 
     def _function(self, *names):
         """The first of `names` the library exports (newer drivers add versioned symbols)."""
@@ -129,16 +129,15 @@ class Nvml(object):
     def nvmlDeviceGetMemoryInfo(self, handle):
         """total, free and used bytes; used as nvidia-smi shows it (without the driver's reserved
         memory) where the driver has nvmlDeviceGetMemoryInfo_v2, else as the first version counts it."""
-        if self._v2_memory is not False:
+        if self._memory_v2:
             memory = MemoryV2(version=MEMORY_V2_VERSION)
             try:
                 self._call(("nvmlDeviceGetMemoryInfo_v2",), handle, ctypes.byref(memory))
-                self._v2_memory = True
                 return memory
             except NvmlError as exc:
                 if exc.code not in (ERROR_FUNCTION_NOT_FOUND, ERROR_ARGUMENT_VERSION_MISMATCH):
                     raise
-                self._v2_memory = False  # a driver before 510: its answer will not change
+                self._memory_v2 = False  # a driver before 510: its answer will not change
         memory = Memory()
         self._call(("nvmlDeviceGetMemoryInfo",), handle, ctypes.byref(memory))
         return memory
