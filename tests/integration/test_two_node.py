@@ -221,7 +221,7 @@ def test_node_1_dying_while_loading_fails_node_0s_wait_naming_it(pair):
         # node 0 again beside the restarted node 1 and the group forms anew, without anyone. The load is let
         # go then, not when the deploy ends: the deploy also waits for node 1's own wait, which this
         # machine's speed decides, and a new attempt still held would stall (60 s) and leave node 1 alone
-        # in a group that node 0's next attempt cannot join (seen once, session 17).
+        # in a group that node 0's next attempt cannot join.
         launcher_names_node_1(pair, cursor)
         pair.sh(NODES[0], "rm -f %s" % hold)
         runner.join(300)
