@@ -256,3 +256,27 @@ def test_async_timeout_zero_and_check_mode_work_as_before_without_lines(tmp_path
     assert result["once"]["phase"] == "ready" and result["once"]["elapsed"] <= 2  # one look: a completion
     assert result["checked"]["phase"] == "ready"
     assert SECRET not in stdout
+
+
+def test_the_short_name_from_the_checkout_behaves_as_the_fqcn(tmp_path, playbook, start_sim):
+    """`wait_for_model_ready:` (the design card's name, found in library/) runs the same action plugin:
+    progress lines while it waits, the same result, and the same refusal of bad input."""
+    short_task = WAIT_TASK.replace("modelwake.serving.wait_for_model_ready:", "wait_for_model_ready:")
+    assert short_task != WAIT_TASK
+    sims = {"sim-short": start_sim()}
+    rc, stdout, results = playbook(sims, short_task, "-e", "modelwake_progress_interval=2")
+    assert rc == 0, stdout
+    assert len(progress_lines(stdout, "sim-short")) >= 2, stdout
+    result = results["sim-short"]
+    assert result["phase"] == "ready" and result["progress"].startswith("ready ")
+    assert SECRET not in stdout
+
+    refusals = {}
+    for name in ("wait_for_model_ready", "modelwake.serving.wait_for_model_ready"):
+        bad = short_task.replace("wait_for_model_ready:", name + ":", 1).replace("poll_interval: 1", "poll_interval: -1")
+        rc, stdout, results = playbook({"sim-bad": sims["sim-short"]}, bad)
+        refusal = results["sim-bad"]
+        assert refusal["failed"] is True and "poll_interval" in refusal["msg"], stdout
+        refusals[name] = refusal
+    short, fqcn = refusals.values()
+    assert sorted(short) == sorted(fqcn) and short["msg"] == fqcn["msg"] and short["elapsed"] == fqcn["elapsed"] == 0
