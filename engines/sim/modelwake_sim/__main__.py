@@ -1,9 +1,9 @@
-"""Command line: `python -m modelwake_sim make-model DIR ...` and `python -m modelwake_sim serve ...`."""
+"""Command line: `python -m modelwake_sim make-model DIR ...`, `... serve ...` and `... hub DIR ...`."""
 import argparse
 import os
 import sys
 
-from . import __version__, faults, model, nodes
+from . import __version__, faults, hub, model, nodes
 
 # Defaults scaled from the K2.6 start (548 GB at ~575 MiB/s = ~16 min of reading, then ~10 min of
 # silent JIT, then a short warm-up) down to ~75 s for the default 2 GiB model.
@@ -48,7 +48,21 @@ def build_parser():
                                        "real shard reads, silent CPU-bound initialisation) and serve an "
                                        "OpenAI-style API. API key: environment variable MODELWAKE_API_KEY.")
     serve.add_argument("--engine", choices=("sglang", "vllm"), required=True, help="which engine to imitate")
-    serve.add_argument("--model-path", "--model", dest="model_path", required=True, help="model directory (make-model)")
+    serve.add_argument("--model-path", "--model", dest="model_path", required=True,
+                       help="model directory (make-model); or a hub id org/name, downloaded first into the hub "
+                            "cache ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub) from $HF_ENDPOINT "
+                            "(the `hub` command serves one); or with --load-format runai_streamer an "
+                            "http://HOST:PORT/org/name URL streamed from that server")
+    serve.add_argument("--load-format", choices=("auto", "runai_streamer"), default="auto",
+                       help="auto: read the shards from disk (default); runai_streamer: stream them from the "
+                            "http:// --model-path with read(2) on a socket, as the Run:ai model streamer does")
+    serve.add_argument("--download-rate-mib", type=_positive(float), default=0.0,
+                       help="hub download: receive at most this many MiB/s (default 0: as fast as the server "
+                            "sends; the `hub` command's --rate-mib and --stall-after-mib shape it from the "
+                            "server side, a stall included)")
+    serve.add_argument("--python-work-seconds", type=_positive(float), default=0.0,
+                       help="at the start of initialisation every rank executes pure Python on one hot line "
+                            "for this long (GIL held, no log, disk or new memory), then goes on (default 0)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=30000, help="port to serve on (default 30000)")
     serve.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp", type=int, default=1,
@@ -87,7 +101,10 @@ def build_parser():
     serve.add_argument("--fault", default=None, metavar="KIND:PHASE",
                        help="inject a fault: KIND crash1 (traceback, exit 1), crash0 (vLLM's worker death, "
                             "exit 0), hang (everything stops), spin (a busy-waiting collective: every rank but "
-                            "the last spins forever in one native call, the last parks elsewhere); PHASE "
+                            "the last spins forever in one native call with the GIL released, the last parks "
+                            "elsewhere), rankdeath (the last rank logs 'Scheduler hit an exception:' and exits "
+                            "1; the others wait for it in a collective; SGLang's launcher runs on and leaves "
+                            "it a zombie), rankkill (the same rank SIGKILLed, no log; needs --tp 2 or more); PHASE "
                             "starting|loading|initializing|warmup|ready")
     serve.add_argument("--fault-after", type=_positive(float), default=0.0,
                        help="seconds into PHASE before the fault fires (default 0; at the latest at the "
@@ -109,6 +126,22 @@ def build_parser():
                        help="seconds a rank waits in a collective for the other nodes (default 1800, gloo's)")
     serve.add_argument("--survive-parent-kill", action="store_true",
                        help="ranks keep running when the API process is SIGKILLed (vLLM's orphans, #55510)")
+
+    hub_cmd = sub.add_parser("hub", help="serve a make-model directory as a Hugging Face hub repository",
+                             description="Serve DIR as hub repository REPO for `serve --model-path REPO` with "
+                                         "HF_ENDPOINT=http://HOST:PORT (revision info, HEAD/GET resolve with "
+                                         "ETag, X-Repo-Commit and Content-Length), and its files by path at "
+                                         "http://HOST:PORT/REPO/FILE (Range requests) for --load-format "
+                                         "runai_streamer. Standard library only; runs until interrupted.")
+    hub_cmd.add_argument("directory", help="a make-model directory")
+    hub_cmd.add_argument("--repo", default="modelwake/k26-sim", help="repository id org/name (default modelwake/k26-sim)")
+    hub_cmd.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    hub_cmd.add_argument("--port", type=int, default=0, help="port (default 0: a free one, printed at start)")
+    hub_cmd.add_argument("--rate-mib", type=_positive(float), default=0.0,
+                         help="send at most this many MiB/s on each connection (default 0: unlimited)")
+    hub_cmd.add_argument("--stall-after-mib", type=_positive(float), default=None,
+                         help="stop sending file bodies after this many MiB in all, leaving the connections "
+                              "open: a network stall mid-download (default: never)")
     return parser
 
 
@@ -127,12 +160,24 @@ def main(argv=None):
         else:
             print("modelwake_sim: model %s already complete" % os.path.abspath(args.directory))
         return 0
+    if args.command == "hub":
+        if not os.path.isdir(args.directory):
+            parser.error("hub: %s is not a directory (make one with make-model)" % args.directory)
+        if not hub.HUB_ID.match(args.repo):
+            parser.error("--repo must be org/name (got %r)" % args.repo)
+        return hub.serve(args.directory, args.repo, args.host, args.port, args.rate_mib, args.stall_after_mib)
     try:
         args.fault = faults.Fault.parse(args.fault, args.fault_after)
     except faults.FaultError as exc:
         parser.error(str(exc))
     if args.tp < 1:
         parser.error("--tp must be at least 1 (got %d)" % args.tp)
+    if args.fault is not None and args.fault.kind in faults.RANK_DEATHS and args.tp < 2:
+        parser.error("--fault %s: the last rank dies while the others wait, so --tp must be 2 or more"
+                     % args.fault.kind)
+    if (args.load_format == "runai_streamer") != hub.is_stream_url(args.model_path):
+        parser.error("--load-format runai_streamer and an http:// --model-path go together (got %s and %r)"
+                     % (args.load_format, args.model_path))
     if not 0 < args.port < 65536:
         parser.error("--port must be between 1 and 65535 (got %d)" % args.port)
     if args.nnodes > 1:

@@ -18,7 +18,7 @@ import threading
 import time
 import traceback
 
-from . import __version__, faults, http, logs, ranks, textgen
+from . import __version__, faults, http, hub, logs, ranks, textgen
 from .gpus import ensure_gpus, fake_gpu_dir
 
 SGLANG_VERSION = "0.5.23"
@@ -51,6 +51,10 @@ class ApiServer:
         self.next_id = 0
         self.known_pids = set()
         self.children = []
+        self.unwatched = set()  # children whose exit nobody waits for (they stay zombies)
+        # A hub id with HF_ENDPOINT set: the ranks download the weights first (hub.py).
+        self.from_hub = (opts.load_format != "runai_streamer" and bool(os.environ.get("HF_ENDPOINT"))
+                         and hub.is_hub_id(opts.model_path))
         self.sock = None
         self.httpd = None
         self.status_r = self.status_w = self.request_r = self.request_w = None
@@ -278,6 +282,21 @@ class ApiServer:
     def _check_model(self):
         """Fail like the real engine on a missing directory, config.json or weights."""
         path = self.model_path
+        if self.opts.load_format == "runai_streamer":
+            return None  # the ranks find the files, or fail, at the object store
+        if self.from_hub:
+            # The config comes first, fetched into the hub cache by the API process (transformers'
+            # AutoConfig); the weights follow in the ranks. An unreachable hub fails here.
+            try:
+                download = hub.HubDownload(os.environ["HF_ENDPOINT"], path)
+                sha, _ = download.info()
+                download.download(sha, "config.json")
+            except (OSError, hub.HubError, ValueError, KeyError) as exc:
+                frames = [("%s/huggingface_hub/file_download.py" % SITE, 1484, "_raise_on_head_call_error",
+                           "raise LocalEntryNotFoundError(")]
+                return frames, ("huggingface_hub.errors.LocalEntryNotFoundError: An error happened while trying to "
+                                "locate the file on the Hub (%s)" % exc)
+            return None
         if not os.path.isdir(path):
             if self.engine == "vllm":
                 frames = [("%s/huggingface_hub/utils/_validators.py" % SITE, 154, "validate_repo_id",
@@ -337,7 +356,8 @@ class ApiServer:
         os.close(self.request_r)
         threading.Thread(target=self._read_status, daemon=True).start()
         for pid in list(self.children):
-            threading.Thread(target=self._watch_child, args=(pid,), daemon=True).start()
+            if pid not in self.unwatched:
+                threading.Thread(target=self._watch_child, args=(pid,), daemon=True).start()
 
     def _ensure_gpus(self):
         if self.opts.fake_gpus:
@@ -363,7 +383,7 @@ def _alive(pid):
 def server_args_line(opts):
     """SGLang's one long `server_args=ServerArgs(...)` line (the fields that matter here)."""
     fields = [("model_path", repr(opts.model_path)), ("tokenizer_path", repr(opts.model_path)),
-              ("tokenizer_mode", "'auto'"), ("load_format", "'auto'"), ("trust_remote_code", "True"),
+              ("tokenizer_mode", "'auto'"), ("load_format", repr(opts.load_format)), ("trust_remote_code", "True"),
               ("dtype", "'auto'"), ("quantization", "None"), ("context_length", "None"),
               ("served_model_name", repr(opts.served_model_name or opts.model_path)),
               ("host", repr(opts.host)), ("port", str(opts.port)), ("mem_fraction_static", "0.9"),

@@ -1,6 +1,8 @@
 """Fault injection (`--fault KIND:PHASE`, `--fault-after S`) and the exceptions each phase raises."""
 
-KINDS = ("crash1", "crash0", "hang", "spin")
+KINDS = ("crash1", "crash0", "hang", "spin", "rankdeath", "rankkill")
+# Faults where only the last rank dies and the others wait for it in a collective.
+RANK_DEATHS = ("rankdeath", "rankkill")
 PHASES = ("starting", "loading", "initializing", "warmup", "ready")
 
 

@@ -9,36 +9,50 @@ import hashlib
 import json
 import mmap
 import os
-import re
 import select
 import signal
+import struct
 import subprocess
 import sys
 import time
 
-from . import faults, logs, safetensors
+from . import faults, hub, logs, safetensors
 from .gpus import Holder, visible_gpu, fake_gpu_dir
 
 MIB = 1024 * 1024
 CHUNK = 1 * MIB
 HOLDER_INTERVAL = 0.25
-# A busy-wait inside one native call (the regular-expression engine backtracking, in C, without
-# returning to Python): ~0.1-0.5 s per call on this kind of machine, repeated from one line.
-SPIN_PATTERN = re.compile(r"(a+)+$")
-SPIN_TEXT = "a" * 22 + "b"
+# A busy-wait inside one native call that releases the GIL, as a hung collective does in torch's
+# c10d bindings: PBKDF2 over a tiny constant input (CPython's _hashopenssl drops the GIL around it),
+# no memory touched, ~0.2 s per call, repeated from one line.
+SPIN_INPUT = (b"peer", b"all_reduce")
+SPIN_CALL_SECONDS = 0.2
 REPACK_LAYER_MIB = 32
 PAGE_FILL = b"\x01" * 4096
 CONTEXT_MIB = 512
+STREAMER_DESC = "Loading safetensors using Runai Model Streamer"
+STREAMER_FRAMES = [
+    ("/opt/modelwake/venv/lib/python3.11/site-packages/runai_model_streamer/file_streamer/file_streamer.py",
+     160, "get_chunks", "raise StreamerError(")]
 WEIGHTS_SHARE = 0.8
 
 
 class RankCrash(Exception):
-    """A crash1 fault or a real loading error: (frames, exception line) to print as a traceback."""
+    """A crash1 fault or a real loading error: (frames, exception line) to print as a traceback.
+    `alone`: only this rank fails (rankdeath); it tells nobody, so its parent never hears of it."""
 
-    def __init__(self, frames, exc_line):
+    def __init__(self, frames, exc_line, alone=False):
         Exception.__init__(self, exc_line)
         self.frames = frames
         self.exc_line = exc_line
+        self.alone = alone
+
+
+def calibrated_rounds(seconds):
+    """PBKDF2 rounds that take about `seconds` on this machine now."""
+    probe = time.monotonic()
+    hashlib.pbkdf2_hmac("sha256", SPIN_INPUT[0], SPIN_INPUT[1], 20000)
+    return max(1000, int(20000 * seconds / max(1e-3, time.monotonic() - probe)))
 
 
 def set_title(title):
@@ -140,6 +154,13 @@ class Rank:
             if self.opts.tp > 1 and self.rank == self.opts.tp - 1:
                 self.hang()  # the rank that never arrives: parked, in its own phase's frames
             self.all_reduce()
+        if fault.kind in faults.RANK_DEATHS:
+            if self.rank != self.opts.tp - 1:
+                self.wait_for_dead_peer()
+            if fault.kind == "rankkill":
+                os.kill(os.getpid(), signal.SIGKILL)  # killed from outside (the OOM killer): no word
+            frames, exc_line = faults.CRASH_CAUSES[phase]
+            raise RankCrash(frames, exc_line, alone=True)
         if self.rank != 0:
             return  # rank 0 crashes; the others are taken down with the tree
         if fault.kind == "crash0":
@@ -159,9 +180,26 @@ class Rank:
         native call that never returns to its caller's code: CPU busy, no memory touched, no output,
         the Python stack standing still. Only SIGTERM or the API process's death ends it."""
         self.gpu(util=100, force=True)  # a hung collective's GPU-Util is 100 % (vllm#8087)
+        rounds = calibrated_rounds(SPIN_CALL_SECONDS)
         while not self.parent_gone():
-            SPIN_PATTERN.match(SPIN_TEXT)
+            hashlib.pbkdf2_hmac("sha256", SPIN_INPUT[0], SPIN_INPUT[1], rounds)
         os._exit(1)
+
+    def wait_for_dead_peer(self):
+        """rankdeath: the collective the last rank never joins. Parked in a blocking wait on a peer
+        that will never answer (select(2) on a pipe nobody writes), as gloo/NCCL wait: no CPU, no
+        output, no memory. Only SIGTERM or the API process's death ends it."""
+        never, keep_open = os.pipe()
+        while not self.parent_gone():
+            select.select([never], [], [], 1.0)
+        os._exit(1)
+
+    def python_work(self, seconds):
+        """--python-work-seconds: pure Python at work on one hot line (a tokenizer or a weight-map
+        build would be): the GIL held, the interpreter executing, no log, no disk, no new memory."""
+        x, end = 1, time.monotonic() + seconds
+        while time.monotonic() < end: x = (x * 1103515245 + 12345) & 0xFFFFFFFF  # noqa: E701
+        return x
 
     def wait_for_group(self, stage, what, frames, timeout_line):
         """Multi-node: tell the API process this rank reached the collective `stage`, then wait until
@@ -307,6 +345,86 @@ class Rank:
         self.gpu(memory_mib=target, util=0, force=True)
         self.check_fault("loading", started, phase_over=True)
         return time.monotonic() - started
+
+    def download_from_hub(self):
+        """A hub id with HF_ENDPOINT set: download the weights into the hub cache first, as the
+        engines' download_weights_from_hf does: under a file lock, so one rank downloads and the
+        others wait on it (parked in flock(2)) and then find the blobs there. Returns (snapshot
+        directory, seconds including the wait)."""
+        opts = self.opts
+        started = time.monotonic()
+
+        def between_chunks():
+            self.check_fault("loading", started)
+            if self.parent_gone():
+                os._exit(1)
+
+        cache = hub.cache_root()
+        lock = hub.download_lock(opts.model_path, cache)
+        try:
+            download = hub.HubDownload(os.environ["HF_ENDPOINT"], opts.model_path, cache=cache,
+                                       rate_mib=opts.download_rate_mib, check=between_chunks)
+            snapshot = download.snapshot((".safetensors", ".json"))
+        finally:
+            lock.close()
+        return snapshot, time.monotonic() - started
+
+    def stream_weights(self, url, show_bar):
+        """--load-format runai_streamer from http://: this rank's slice of every shard over one TCP
+        connection, received with read(2) on the socket (rchar grows; no file is read or written),
+        paced like a disk load. Returns (seconds, bytes streamed)."""
+        opts = self.opts
+        started = time.monotonic()
+        rate = max(1.0, opts.load_rate_mib * MIB / opts.tp)
+        conn = hub.StreamConnection(url)
+        done = [0]
+
+        def between_chunks():
+            self.check_fault("loading", started)
+            if self.parent_gone():
+                os._exit(1)
+
+        def received(chunk):
+            done[0] += len(chunk)
+            ahead = started + done[0] / rate - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)
+
+        try:
+            index = json.loads(conn.get("model.safetensors.index.json", check=between_chunks).decode("utf-8"))
+            shards = sorted(set(index["weight_map"].values()))
+            tensors_total, tensors_done = len(index["weight_map"]), 0
+            target = opts.gpu_memory_mib * WEIGHTS_SHARE
+            if show_bar:
+                self.log.progress(logs.format_tqdm(STREAMER_DESC, 0, tensors_total, 0.0))
+            for number, name in enumerate(shards):
+                if number == len(shards) - 1:
+                    self.wait_while_held()
+                (length,) = struct.unpack("<Q", conn.get(name, 0, 8, check=between_chunks))
+                header = json.loads(conn.get(name, 8, 8 + length, check=between_chunks).decode("utf-8"))
+                data_start = 8 + length
+                size = safetensors.data_size(header)
+                lo = data_start + size * self.rank // opts.tp
+                hi = data_start + size * (self.rank + 1) // opts.tp
+                done[0] += 8 + length
+                conn.get(name, lo, hi, into=received, check=between_chunks)
+                tensors_done += len([k for k in header if k != "__metadata__"])
+                self.gpu(memory_mib=CONTEXT_MIB + (target - CONTEXT_MIB) * (number + 1) / len(shards), util=2)
+                if show_bar:
+                    self.log.progress(logs.format_tqdm(STREAMER_DESC, tensors_done, tensors_total,
+                                                       time.monotonic() - started))
+        except (OSError, hub.HubError, ValueError, KeyError) as exc:
+            raise RankCrash(STREAMER_FRAMES, "runai_model_streamer.exceptions.StreamerError: %s" % exc)
+        finally:
+            conn.close()
+        elapsed = time.monotonic() - started
+        # The streamer's own logger, from every rank (file_streamer.py's summary line).
+        self.log.raw("[%s] INFO file_streamer.py:66: [RunAI Streamer] Overall time to stream %s of all files "
+                     "to cpu: %ss, %s/s" % (time.strftime("%Y-%m-%d %H:%M:%S"), hub.human_binary(done[0]),
+                                            round(elapsed, 2), hub.human_binary(done[0] / max(elapsed, 1e-6))))
+        self.gpu(memory_mib=opts.gpu_memory_mib * WEIGHTS_SHARE, util=0, force=True)
+        self.check_fault("loading", started, phase_over=True)
+        return elapsed, done[0]
 
     def wait_while_held(self):
         """--hold-load FILE: while FILE exists the load pauses before its last shard (no reads, no

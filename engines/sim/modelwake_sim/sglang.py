@@ -54,6 +54,10 @@ class SGLangServer(engine.ApiServer):
             group = nodes.NodeGroup(opts.nnodes, opts.node_rank, opts.dist_init_addr, self._group_complete).start()
         for rank in range(first_rank, first_rank + local_tp):
             self._fork(lambda rank=rank: self._scheduler(rank, rank - first_rank))
+        if opts.fault is not None and opts.fault.kind in faults.RANK_DEATHS:
+            # The launcher waits on rank 0's pipe and polls no other scheduler: one that dies stays
+            # a zombie (its exit status readable in /proc/<pid>/stat) while the launcher runs on.
+            self.unwatched.update(self.children[1:])
         self._after_fork()
         ready_ranks = set()
         reached = {stage: set() for stage in nodes.STAGES}
@@ -142,6 +146,10 @@ class SGLangServer(engine.ApiServer):
         except ranks.RankCrash as crash:
             log.traceback(crash.frames, crash.exc_line, header="Scheduler hit an exception: ",
                           intro="Traceback (most recent call last):")
+            if crash.alone:
+                # rankdeath: this rank dies on its own; the launcher, blocked reading rank 0's pipe
+                # (rank 0 waits for this rank in a collective), never hears of it.
+                return 1
             os.kill(os.getppid(), signal.SIGQUIT)
             # The API process now kills the whole tree; wait for it rather than race it with an exit.
             time.sleep(5)
@@ -165,8 +173,15 @@ class SGLangServer(engine.ApiServer):
 
         avail = total - ranks.CONTEXT_MIB / engine.GB
         log.info("Load weight begin. avail mem=%.2f GB" % avail)
-        shards = ranks.shard_paths(opts.model_path)
-        elapsed = r.load_weights(shards, DESC, show_bar=(r.rank == 0))
+        if opts.load_format == "runai_streamer":
+            elapsed, _ = r.stream_weights(opts.model_path, show_bar=(r.rank == 0))
+        else:
+            model_dir = opts.model_path
+            if self.from_hub:
+                # SGLang's download_weights_from_hf logs the format and then nothing until loading.
+                log.info("Using model weights format ['*.safetensors']")
+                model_dir, _ = r.download_from_hub()
+            elapsed = r.load_weights(ranks.shard_paths(model_dir), DESC, show_bar=(r.rank == 0))
         weights = opts.gpu_memory_mib * ranks.WEIGHTS_SHARE / engine.GB
         log.info("Load weight end. elapsed=%.2f s, type=DeepseekV3ForCausalLM, quant=compressed-tensors, "
                  "dtype=torch.bfloat16, avail mem=%.2f GB, mem usage=%.2f GB." % (elapsed, total - weights, weights))
@@ -176,6 +191,8 @@ class SGLangServer(engine.ApiServer):
             r.wait_for_group(nodes.AFTER_LOAD, "Rank %d" % r.rank, COLLECTIVE_FRAMES, COLLECTIVE_TIMEOUT)
 
         init_started = time.monotonic()
+        if opts.python_work_seconds:
+            r.python_work(opts.python_work_seconds)
         if opts.repack_seconds:
             r.repack_marlin_weights(opts.repack_seconds, "initializing", init_started)
         kv = opts.gpu_memory_mib * (1 - ranks.WEIGHTS_SHARE) / engine.GB

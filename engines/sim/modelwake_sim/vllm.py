@@ -126,10 +126,10 @@ class VLLMServer(engine.ApiServer):
         log.info("Initializing a V1 LLM engine (v%s) with config: model='%s', speculative_config=None, "
                  "tokenizer='%s', skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, "
                  "trust_remote_code=True, dtype=torch.bfloat16, max_seq_len=%d, download_dir=None, "
-                 "load_format=auto, tensor_parallel_size=%d, pipeline_parallel_size=1, "
+                 "load_format=%s, tensor_parallel_size=%d, pipeline_parallel_size=1, "
                  "quantization=compressed-tensors, enforce_eager=False, kv_cache_dtype=auto, device_config=cuda, "
                  "served_model_name=%s, enable_prefix_caching=True"
-                 % (engine.VLLM_VERSION, opts.model_path, opts.model_path, engine.MAX_MODEL_LEN, opts.tp,
+                 % (engine.VLLM_VERSION, opts.model_path, opts.model_path, engine.MAX_MODEL_LEN, opts.load_format, opts.tp,
                     self.served_model_name), "core.py:93")
         core_r, core_w = os.pipe()
         workers = []
@@ -280,14 +280,27 @@ class VLLMServer(engine.ApiServer):
         r.check_fault("starting", started, phase_over=True)
 
         log.info("Starting to load model %s..." % opts.model_path, "gpu_model_runner.py:2338")
-        log.info("Using model weights format ['*.safetensors']", "default_loader.py:267")
-        elapsed = r.load_weights(ranks.shard_paths(opts.model_path), DESC, show_bar=(r.rank == 0))
+        if opts.load_format == "runai_streamer":
+            elapsed, _ = r.stream_weights(opts.model_path, show_bar=(r.rank == 0))
+        else:
+            log.info("Using model weights format ['*.safetensors']", "default_loader.py:267")
+            model_dir = opts.model_path
+            if self.from_hub:
+                # Downloaded with progress bars off (DisabledTqdm): nothing until the end, and then
+                # only when it took over half a second (weight_utils.download_weights_from_hf).
+                model_dir, seconds = r.download_from_hub()
+                if seconds > 0.5:
+                    log.info("Time spent downloading weights for %s: %.6f seconds" % (opts.model_path, seconds),
+                             "weight_utils.py:581")
+            elapsed = r.load_weights(ranks.shard_paths(model_dir), DESC, show_bar=(r.rank == 0))
         log.info("Loading weights took %.2f seconds" % elapsed, "default_loader.py:291")
         log.info("Model loading took %.4f GiB memory and %.6f seconds"
                  % (opts.gpu_memory_mib * ranks.WEIGHTS_SHARE / engine.GB, elapsed + 0.4), "gpu_model_runner.py:2370")
 
         # Weight post-processing (repacking for Marlin): CPU busy, nothing logged, GPUs idle.
         init_started = time.monotonic()
+        if opts.python_work_seconds:
+            r.python_work(opts.python_work_seconds)
         if opts.repack_seconds:
             r.repack_marlin_weights(opts.repack_seconds, "initializing", init_started)
         r.burn(opts.init_seconds, "initializing", init_started, duty=1.0 if r.rank == 0 else 0.2)
