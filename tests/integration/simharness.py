@@ -148,3 +148,22 @@ def descendants(pid):
             found.append(child)
             todo.append(child)
     return found
+
+
+def start_hub(directory, repo="modelwake/k26-sim", **options):
+    """The simulator's local hub server (modelwake_sim.hub.HubServer) in this process, outside the
+    engine's tree: `options` are its rate_mib and stall_after_bytes. Stop it with .stop()."""
+    if SIM_PATH not in sys.path:
+        sys.path.insert(0, SIM_PATH)
+    from modelwake_sim import hub
+    return hub.HubServer(directory, repo, **options).start()
+
+
+def py_spy():
+    """The py-spy the tests read stacks with (the venv's, else one on PATH), or None."""
+    import shutil  # here, so the module's head stays the shared one
+
+    candidate = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if os.access(candidate, os.X_OK):
+        return candidate
+    return shutil.which("py-spy")

@@ -344,3 +344,181 @@ def test_vllm_hang_after_ready_keeps_health_but_completions_never_answer(model_d
     with pytest.raises(socket.timeout):
         http(sim.url + "/v1/completions", {"model": model_dir, "prompt": "2+2=", "max_tokens": 4}, timeout=1)
     assert sim.proc.poll() is None
+
+
+# --- arrivals: a hub download, a streamed load; Python at work; one rank dead ------------------
+@pytest.fixture
+def harness():
+    """simharness's hub server and py-spy finder, imported here so the module's head stays shared."""
+    import simharness
+    servers = []
+
+    def hub(directory, repo="org/k26", **options):
+        server = simharness.start_hub(directory, repo, **options)
+        servers.append(server)
+        return server
+
+    yield type("Harness", (), {"hub": staticmethod(hub), "py_spy": staticmethod(simharness.py_spy)})
+    for server in servers:
+        server.stop()
+
+
+def io_counters(pid):
+    with open("/proc/%d/io" % pid) as fileobj:
+        return {key: int(value) for key, _, value in (line.partition(":") for line in fileobj)}
+
+
+def stat_fields(pid):
+    """/proc/<pid>/stat's fields after the command name: [0] is the state, [49] the exit code."""
+    with open("/proc/%d/stat" % pid) as fileobj:
+        return fileobj.read().rsplit(")", 1)[1].split()
+
+
+def rank_pids(sim, title):
+    """{rank: pid} of the tree's processes titled `title<rank>` (e.g. sglang::scheduler_TP)."""
+    found = {}
+    for pid in sim.tree():
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as fileobj:
+                name = fileobj.read().rstrip(b"\0").decode()
+        except OSError:
+            continue
+        if name.startswith(title) and name[len(title):].isdigit():
+            found[int(name[len(title):])] = pid
+    return found
+
+
+def test_hub_download_writes_the_cache_layout_with_recv_not_read(model_dir, tmp_path, start_sim, harness):
+    server = harness.hub(model_dir, rate_mib=8)
+    cache = tmp_path / "hub-cache"
+    sim = start_sim("vllm", "org/k26", "--tp", "2",
+                    env={"HF_ENDPOINT": server.url, "HF_HUB_CACHE": str(cache)})
+    blobs = cache / "models--org--k26" / "blobs"
+    wait_until(lambda: blobs.is_dir() and any(n.endswith(".incomplete") for n in os.listdir(str(blobs))),
+               timeout=30, what="a growing blobs/*.incomplete")
+    workers = wait_until(lambda: len(rank_pids(sim, "VLLM::Worker_TP")) == 2 and rank_pids(sim, "VLLM::Worker_TP"),
+                         what="two workers")
+    before = {rank: io_counters(pid) for rank, pid in workers.items()}
+    ticks = {rank: cpu_ticks([pid]) for rank, pid in workers.items()}
+    time.sleep(1.0)
+    after = {rank: io_counters(pid) for rank, pid in workers.items()}
+    grew = {rank: after[rank]["wchar"] - before[rank]["wchar"] for rank in workers}
+    downloader = max(grew, key=grew.get)
+    waiter = 1 - downloader
+    # The download: bytes written (wchar, write_bytes) at ~8 MiB/s, received with recv: rchar flat.
+    assert grew[downloader] >= 2 * 1024 * 1024, (before, after)
+    assert after[downloader]["write_bytes"] > before[downloader]["write_bytes"]
+    assert after[downloader]["rchar"] == before[downloader]["rchar"], (before, after)
+    # The other rank waits on the lock: nothing moves, ~0 CPU.
+    assert after[waiter] == before[waiter]
+    assert cpu_ticks([workers[waiter]]) - ticks[waiter] <= 3
+    sim.wait_log("Application startup complete.", timeout=60)
+    sha = (cache / "models--org--k26" / "refs" / "main").read_text()
+    assert sha == server.sha
+    snapshot = cache / "models--org--k26" / "snapshots" / sha
+    for name in os.listdir(model_dir):
+        link = snapshot / name
+        assert os.readlink(str(link)) == "../../blobs/" + server.etag(name)
+        with open(str(link), "rb") as got, open(os.path.join(model_dir, name), "rb") as want:
+            assert got.read() == want.read()
+    assert not [n for n in os.listdir(str(blobs)) if n.endswith(".incomplete")]
+    log = sim.log()
+    # Progress bars off: the format line, then nothing from the download until its time.
+    worker_lines = [line for line in log.splitlines() if "(Worker_TP%d pid=" % downloader in line]
+    start = [i for i, line in enumerate(worker_lines) if "Using model weights format ['*.safetensors']" in line][0]
+    assert "Time spent downloading weights for org/k26: " in worker_lines[start + 1]
+    assert "checkpoint shards: 100% Completed" in log
+
+
+def test_a_stalled_hub_download_keeps_its_socket_open_and_writes_nothing(model_dir, tmp_path, start_sim, harness):
+    server = harness.hub(model_dir, stall_after_bytes=6 * 1024 * 1024)
+    cache = tmp_path / "hub-cache"
+    sim = start_sim("sglang", "org/k26", env={"HF_ENDPOINT": server.url, "HF_HUB_CACHE": str(cache)})
+    assert server.stalled.wait(30)
+    rank = wait_until(lambda: rank_pids(sim, "sglang::scheduler_TP").get(0), what="the scheduler")
+    blobs = cache / "models--org--k26" / "blobs"
+    partial = wait_until(lambda: [blobs / n for n in os.listdir(str(blobs)) if n.endswith(".incomplete")],
+                         what="the .incomplete file")[0]
+    time.sleep(0.5)  # the last bytes sent are in the file
+    size, before = partial.stat().st_size, io_counters(rank)
+    time.sleep(1.5)
+    assert partial.stat().st_size == size > 0
+    assert io_counters(rank) == before
+    assert sim.proc.poll() is None and stat_fields(rank)[0] == "S"
+    log = sim.log()
+    assert "TP0] Using model weights format ['*.safetensors']" in log and "Load weight end" not in log
+
+
+def test_a_streamed_load_reads_a_socket_not_a_file(model_dir, start_sim, harness):
+    server = harness.hub(model_dir)
+    sim = start_sim("sglang", server.url + "/org/k26", "--load-format", "runai_streamer", "--load-rate-mib", "8")
+    sim.wait_log("Loading safetensors using Runai Model Streamer:   0% Completed | 0/32")
+    rank = rank_pids(sim, "sglang::scheduler_TP")[0]
+    before = io_counters(rank)
+    time.sleep(1.0)
+    after = io_counters(rank)
+    assert after["rchar"] - before["rchar"] >= 4 * 1024 * 1024, (before, after)
+    assert after["read_bytes"] == before["read_bytes"] and after["write_bytes"] == before["write_bytes"]
+    sim.wait_log("The server is fired up and ready to roll!", timeout=30)
+    log = sim.log()
+    assert "\rLoading safetensors using Runai Model Streamer: 100% Completed | 32/32 [" in log
+    assert "INFO file_streamer.py:66: [RunAI Streamer] Overall time to stream 32.0 MiB of all files to cpu: " in log
+
+
+def py_spy_threads(py_spy, pid):
+    out = subprocess.run([py_spy, "dump", "--json", "--pid", str(pid)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, universal_newlines=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_a_spin_releases_the_gil_while_python_at_work_holds_it(model_dir, start_sim, harness):
+    py_spy = harness.py_spy()
+    if py_spy is None:
+        pytest.skip("py-spy is not installed")
+    spin = start_sim("sglang", model_dir, "--disable-cuda-graph", "--fault", "spin:initializing")
+    work = start_sim("vllm", model_dir, "--python-work-seconds", "6")
+    spin.wait_log("Using CompressedTensorsWNA16MarlinMoEMethod")
+    work.wait_log("Model loading took")
+    spinner = rank_pids(spin, "sglang::scheduler_TP")[0]
+    worker = wait_until(lambda: [p for p in work.tree() if proc_field(p, "comm") == "VLLM::Worker"],
+                        what="worker")[0]
+    time.sleep(0.5)
+    faults_before = int(stat_fields(spinner)[7])  # minflt
+    seen = {}
+    for name, pid in (("spin", spinner), ("work", worker)):
+        main = py_spy_threads(py_spy, pid)[0]
+        seen[name] = (main["owns_gil"], main["active"], main["frames"][0]["name"], main["frames"][0]["line"])
+    again = py_spy_threads(py_spy, spinner)[0]
+    assert seen["spin"][:3] == (False, True, "all_reduce"), seen
+    assert (again["frames"][0]["name"], again["frames"][0]["line"]) == seen["spin"][2:]  # the stack stands still
+    assert seen["work"][:3] == (True, True, "python_work"), seen
+    assert int(stat_fields(spinner)[7]) - faults_before <= 50  # no new memory touched
+    # Python at work is healthy: the start goes on to ready.
+    work.wait_log("Application startup complete.", timeout=60)
+
+
+@pytest.mark.parametrize("kind,code", [("rankdeath", 1 << 8), ("rankkill", 9)])
+def test_one_rank_dies_and_the_others_park_with_the_launcher_alive(model_dir, start_sim, kind, code):
+    sim = start_sim("sglang", model_dir, "--tp", "3", "--disable-cuda-graph", "--init-seconds", "30",
+                    "--fault", "%s:initializing" % kind, "--fault-after", "0.3")
+    ranks = wait_until(lambda: len(rank_pids(sim, "sglang::scheduler_TP")) == 3 and rank_pids(sim, "sglang::scheduler_TP"),
+                       what="three schedulers")
+    sim.wait_log("Using CompressedTensorsWNA16MarlinMoEMethod")
+    # The last rank's end stays readable: a zombie (nobody waits for it) with its exit code.
+    wait_until(lambda: stat_fields(ranks[2])[0] == "Z", what="TP2 a zombie")
+    assert int(stat_fields(ranks[2])[49]) == code
+    time.sleep(0.5)
+    ticks = cpu_ticks([sim.proc.pid, ranks[0], ranks[1]])
+    time.sleep(1.0)
+    assert cpu_ticks([sim.proc.pid, ranks[0], ranks[1]]) - ticks <= 4  # parked, not spinning
+    assert sim.proc.poll() is None
+    assert [stat_fields(ranks[r])[0] for r in (0, 1)] == ["S", "S"]
+    log = sim.log()
+    if kind == "rankdeath":
+        assert "TP2] Scheduler hit an exception: Traceback (most recent call last):" in log
+        assert "RuntimeError: CUDA error: an illegal memory access was encountered" in log
+    else:
+        assert "Scheduler hit an exception" not in log
+    assert "Received sigquit" not in log and "scheduler is dead" not in log
+    assert not port_open(sim.port)

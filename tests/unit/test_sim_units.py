@@ -203,7 +203,7 @@ def test_arithmetic_prompts_get_the_answer():
 def test_every_option_is_documented():
     parser = cli.build_parser()
     sub = parser._subparsers._group_actions[0]
-    for name in ("serve", "make-model"):
+    for name in ("serve", "make-model", "hub"):
         for action in sub.choices[name]._actions:
             assert action.help, "%s %s has no help" % (name, action.option_strings)
 
@@ -271,3 +271,141 @@ def test_errors_like_the_real_tool(tmp_path, monkeypatch, capsys):
     directory = gpu_dir(tmp_path, {})
     code, out = run_smi(monkeypatch, capsys, directory, "--query-gpu=index,bogus", "--format=csv")
     assert code == 2 and out.startswith('Field "bogus" is not a valid field to query.')
+
+
+# --- arrivals: hub names, the local hub server, the download and stream clients ------------------
+@pytest.fixture(scope="module")
+def hub():
+    from modelwake_sim import hub as module  # imported here so the module's head stays the shared one
+    return module
+
+
+@pytest.fixture
+def served(tmp_path, hub):
+    """A 2-MiB make-model directory served as hub repository org/k26 by the real server."""
+    directory = str(tmp_path / "model")
+    model.make_model(directory, size_mib=2, shards=2, quantization="none")
+    servers = []
+
+    def start(**options):
+        server = hub.HubServer(directory, "org/k26", **options).start()
+        servers.append(server)
+        return server
+
+    yield directory, start
+    for server in servers:
+        server.stop()
+
+
+def test_hub_cache_names_and_places(hub, tmp_path):
+    assert hub.repo_folder_name("moonshotai/Kimi-K2.6") == "models--moonshotai--Kimi-K2.6"
+    assert hub.cache_root({"HF_HUB_CACHE": "/c", "HF_HOME": "/h"}) == "/c"
+    assert hub.cache_root({"HF_HOME": "/h"}) == "/h/hub"
+    assert hub.cache_root({}) == os.path.join(os.path.expanduser("~"), ".cache", "huggingface", "hub")
+    assert hub.is_hub_id("moonshotai/Kimi-K2.6") and not hub.is_hub_id("/srv/models/k26")
+    assert not hub.is_hub_id("http://host:1/org/name") and not hub.is_hub_id("a/b/c")
+    (tmp_path / "org").mkdir()
+    (tmp_path / "org" / "name").mkdir()
+    cwd = os.getcwd()
+    os.chdir(str(tmp_path))
+    try:
+        assert not hub.is_hub_id("org/name")  # an existing directory is a local model
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.mark.parametrize("size,text", [(512, "512 Bytes"), (33554432, "32.0 MiB"), (7623566950, "7.1 GiB"),
+                                       (696565350, "664.3 MiB")])
+def test_sizes_are_written_as_the_streamers_summary_writes_them(hub, size, text):
+    assert hub.human_binary(size) == text
+
+
+def test_the_hub_server_answers_like_the_hub(served):
+    import hashlib
+    import urllib.error
+    import urllib.request
+
+    directory, start = served
+    server = start()
+    base = server.url
+    with urllib.request.urlopen(base + "/api/models/org/k26/revision/main") as resp:
+        info = json.loads(resp.read().decode())
+    assert info["sha"] == server.sha and len(info["sha"]) == 40
+    assert sorted(s["rfilename"] for s in info["siblings"]) == sorted(os.listdir(directory))
+    name = "model-00001-of-00002.safetensors"
+    with open(os.path.join(directory, name), "rb") as fileobj:
+        content = fileobj.read()
+    head = urllib.request.Request("%s/org/k26/resolve/%s/%s" % (base, info["sha"], name), method="HEAD")
+    with urllib.request.urlopen(head) as resp:
+        assert resp.headers["ETag"] == '"%s"' % hashlib.sha256(content).hexdigest()
+        assert resp.headers["X-Repo-Commit"] == server.sha
+        assert int(resp.headers["Content-Length"]) == len(content)
+    ranged = urllib.request.Request("%s/org/k26/%s" % (base, name), headers={"Range": "bytes=8-15"})
+    with urllib.request.urlopen(ranged) as resp:
+        assert resp.status == 206 and resp.read() == content[8:16]
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(base + "/org/k26/resolve/main/missing.bin")
+    assert err.value.code == 404
+
+
+def test_a_download_fills_the_hub_cache_layout(served, tmp_path, hub):
+    directory, start = served
+    server = start()
+    cache = tmp_path / "cache"
+    snapshot = hub.HubDownload(server.url, "org/k26", cache=str(cache)).snapshot()
+    folder = cache / "models--org--k26"
+    assert snapshot == str(folder / "snapshots" / server.sha)
+    assert (folder / "refs" / "main").read_text() == server.sha
+    for name in os.listdir(directory):
+        link = os.readlink(os.path.join(snapshot, name))
+        assert link == "../../blobs/" + server.etag(name)
+        with open(os.path.join(directory, name), "rb") as want, open(os.path.join(snapshot, name), "rb") as got:
+            assert got.read() == want.read()
+    assert not [n for n in os.listdir(str(folder / "blobs")) if n.endswith(".incomplete")]
+
+
+def test_a_stalled_server_stops_sending_with_the_connection_open(served, hub):
+    import threading
+
+    directory, start = served
+    server = start(stall_after_bytes=100000)
+    conn = hub.StreamConnection(server.url + "/org/k26")
+    received = []
+    reader = threading.Thread(target=lambda: received.append(
+        conn.get("model-00001-of-00002.safetensors", into=lambda chunk: received.append(len(chunk)))), daemon=True)
+    reader.start()
+    assert server.stalled.wait(10)
+    reader.join(0.5)
+    assert reader.is_alive() and sum(received) == 100000  # blocked in read(2), the socket open
+    conn.close()
+
+
+def test_a_streamed_range_arrives_whole(served, hub):
+    directory, start = served
+    server = start(rate_mib=64)
+    conn = hub.StreamConnection(server.url + "/org/k26")
+    try:
+        name = "model-00002-of-00002.safetensors"
+        with open(os.path.join(directory, name), "rb") as fileobj:
+            content = fileobj.read()
+        assert conn.get(name, 0, 8) == content[:8]
+        assert conn.get(name, 100, 300000) == content[100:300000]  # the same kept-alive connection
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--fault", "rankdeath:initializing"], "--tp must be 2 or more"),
+    (["--load-format", "runai_streamer"], "--load-format runai_streamer and an http:// --model-path go together"),
+])
+def test_serve_refuses_arrivals_that_cannot_happen(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--engine", "sglang", "--model-path", "/nonexistent/model"] + argv)
+    assert message in capsys.readouterr().err
+
+
+def test_rank_death_faults_parse():
+    fault = faults.Fault.parse("rankdeath:initializing", 2.0)
+    assert (fault.kind, fault.phase, fault.after) == ("rankdeath", "initializing", 2.0)
+    assert faults.Fault.parse("rankkill:loading").kind in faults.RANK_DEATHS
+
