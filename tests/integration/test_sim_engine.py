@@ -477,7 +477,7 @@ def test_a_spin_releases_the_gil_while_python_at_work_holds_it(model_dir, start_
     if py_spy is None:
         pytest.skip("py-spy is not installed")
     spin = start_sim("sglang", model_dir, "--disable-cuda-graph", "--fault", "spin:initializing")
-    work = start_sim("vllm", model_dir, "--python-work-seconds", "6")
+    work = start_sim("vllm", model_dir, "--python-work-seconds", "8")
     spin.wait_log("Using CompressedTensorsWNA16MarlinMoEMethod")
     work.wait_log("Model loading took")
     spinner = rank_pids(spin, "sglang::scheduler_TP")[0]
@@ -502,8 +502,8 @@ def test_a_spin_releases_the_gil_while_python_at_work_holds_it(model_dir, start_
 def test_one_rank_dies_and_the_others_park_with_the_launcher_alive(model_dir, start_sim, kind, code):
     sim = start_sim("sglang", model_dir, "--tp", "3", "--disable-cuda-graph", "--init-seconds", "30",
                     "--fault", "%s:initializing" % kind, "--fault-after", "0.3")
-    ranks = wait_until(lambda: len(rank_pids(sim, "sglang::scheduler_TP")) == 3 and rank_pids(sim, "sglang::scheduler_TP"),
-                       what="three schedulers")
+    ranks = wait_until(lambda: len(rank_pids(sim, "sglang::scheduler_TP")) == 3
+                       and rank_pids(sim, "sglang::scheduler_TP"), what="three schedulers")
     sim.wait_log("Using CompressedTensorsWNA16MarlinMoEMethod")
     # The last rank's end stays readable: a zombie (nobody waits for it) with its exit code.
     wait_until(lambda: stat_fields(ranks[2])[0] == "Z", what="TP2 a zombie")

@@ -134,7 +134,8 @@ def build_parser():
                                          "http://HOST:PORT/REPO/FILE (Range requests) for --load-format "
                                          "runai_streamer. Standard library only; runs until interrupted.")
     hub_cmd.add_argument("directory", help="a make-model directory")
-    hub_cmd.add_argument("--repo", default="modelwake/k26-sim", help="repository id org/name (default modelwake/k26-sim)")
+    hub_cmd.add_argument("--repo", default="modelwake/k26-sim",
+                         help="repository id org/name (default modelwake/k26-sim)")
     hub_cmd.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     hub_cmd.add_argument("--port", type=int, default=0, help="port (default 0: a free one, printed at start)")
     hub_cmd.add_argument("--rate-mib", type=_positive(float), default=0.0,

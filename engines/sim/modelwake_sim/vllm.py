@@ -129,8 +129,8 @@ class VLLMServer(engine.ApiServer):
                  "load_format=%s, tensor_parallel_size=%d, pipeline_parallel_size=1, "
                  "quantization=compressed-tensors, enforce_eager=False, kv_cache_dtype=auto, device_config=cuda, "
                  "served_model_name=%s, enable_prefix_caching=True"
-                 % (engine.VLLM_VERSION, opts.model_path, opts.model_path, engine.MAX_MODEL_LEN, opts.load_format, opts.tp,
-                    self.served_model_name), "core.py:93")
+                 % (engine.VLLM_VERSION, opts.model_path, opts.model_path, engine.MAX_MODEL_LEN, opts.load_format,
+                    opts.tp, self.served_model_name), "core.py:93")
         core_r, core_w = os.pipe()
         workers = []
         for rank in range(opts.tp):
