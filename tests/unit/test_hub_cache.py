@@ -119,3 +119,13 @@ def test_a_real_process_environment_points_at_its_cache(tmp_path):
     finally:
         proc.stdin.close()
         proc.wait()
+
+
+def test_an_engines_download_dir_is_watched_as_well(tmp_path):
+    reader = hub_cache.HubCacheReader(proc_root=str(tmp_path))  # no environ readable: the default
+    processes = {5: {"starttime": 1, "cmdline": "/v/bin/python3 -m vllm.entrypoints.openai.api_server "
+                                                "--model org/m --download-dir /models/hub"},
+                 6: {"starttime": 2, "cmdline": "python3 -m sglang.launch_server --download-dir=/fast/hub"}}
+    found = reader.caches(processes)
+    assert found[1:] == ["/models/hub", "/fast/hub"] and found[0].endswith("/.cache/huggingface/hub")
+    assert hub_cache.download_dir("python3 -m vllm serve org/m") is None

@@ -11,7 +11,8 @@ Where the cache is (huggingface_hub `constants.py`): `HF_HUB_CACHE`, else the ol
 `HUGGINGFACE_HUB_CACHE`, else `$HF_HOME/hub`, else `$XDG_CACHE_HOME/huggingface/hub`, else
 `~/.cache/huggingface/hub` in the home of the user the engine runs as. The environment is the
 engine process's own (/proc/<pid>/environ, readable by root or the same user), else the unit's
-`Environment=`; only these few variables are kept, never a token.
+`Environment=`; only these few variables are kept, never a token. An engine started with
+`--download-dir DIR` (vLLM, SGLang) passes DIR to huggingface_hub as its cache_dir: watched too.
 
 What the disk cannot tell:
 - The file's name in the repository: the `snapshots/<commit>/<file>` link to the blob is made only
@@ -114,6 +115,17 @@ def unit_cache_dir(unit, runner=run_command):
     return cache_dir(environment, home)
 
 
+def download_dir(cmdline):
+    """The `--download-dir DIR` (or `--download-dir=DIR`) of a command line, or None."""
+    words = (cmdline or "").split()
+    for index, word in enumerate(words):
+        if word == "--download-dir" and index + 1 < len(words):
+            return words[index + 1]
+        if word.startswith("--download-dir="):
+            return word.split("=", 1)[1]
+    return None
+
+
 def repo_id(folder):
     """`models--org--name` -> `org/name` (hub repo ids may not contain `--`)."""
     return "/".join(folder[len(REPO_PREFIX):].split("--"))
@@ -193,7 +205,7 @@ class HubCacheReader(object):
     whose environment cannot be read fall back to the unit's Environment= (asked once), else to
     the default in their user's home."""
 
-    MAX_CACHES = 4  # distinct caches watched: the engine and its ranks share one
+    MAX_CACHES = 4  # distinct caches watched: the engine and its ranks share one, or two with --download-dir
 
     def __init__(self, unit=None, runner=run_command, proc_root="/proc"):
         self.unit = unit
@@ -222,8 +234,9 @@ class HubCacheReader(object):
         for pid in sorted(processes):
             key = "%d:%d" % (pid, processes[pid].get("starttime") or 0)
             current[key] = self.by_process[key] if key in self.by_process else self._cache_of(pid)
-            if current[key] not in found:
-                found.append(current[key])
+            for cache in (current[key], download_dir(processes[pid].get("cmdline"))):
+                if cache and cache not in found:
+                    found.append(cache)
         self.by_process = current  # forget processes that have gone
         return found[:self.MAX_CACHES]
 
