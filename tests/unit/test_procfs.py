@@ -209,3 +209,91 @@ def test_listening_socket_owner_is_found_and_a_bound_only_socket_is_not_listenin
         listener.close()
         bound.close()
     assert procfs.listening_socket_owner(port) is None
+
+
+# Writes a file, then reads a socket with read(2) (os.read) and with recv(2), one step per line on stdin.
+WRITER_AND_RECEIVER = r"""
+import os, socket, sys
+path = sys.argv[1]
+a, b = socket.socketpair()
+sys.stdin.readline()
+with open(path, "wb") as f:
+    f.write(b"x" * (4 * 1024 * 1024))
+print("written", flush=True)
+sys.stdin.readline()
+b.sendall(b"y" * 65536)
+got = 0
+while got < 65536:
+    got += len(os.read(a.fileno(), 65536))
+print("read", flush=True)
+sys.stdin.readline()
+b.sendall(b"z" * 65536)
+got = 0
+while got < 65536:
+    got += len(a.recv(65536))
+print("received", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_written_and_socket_bytes_are_counted_for_the_tree(spawn, tmp_path):
+    proc = spawn(WRITER_AND_RECEIVER, str(tmp_path / "blob.incomplete"))
+    counter = procfs.TreeCounter()
+
+    def step(command, answer):
+        before = counter.io_totals()
+        proc.stdin.write(command + "\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == answer
+        counter.update(procfs.tree([proc.pid]))
+        after = counter.io_totals()
+        return dict((name, after[name] - before[name]) for name in procfs.IO_COUNTERS)
+
+    counter.update(procfs.tree([proc.pid]))
+    grown = step("write", "written")
+    assert grown["wchar"] >= 4 * MIB and grown["write_bytes"] >= 4 * MIB  # a file written (ext4, not tmpfs)
+    assert grown["read_bytes"] == 0
+    grown = step("read", "read")
+    assert grown["rchar"] >= 65536 and grown["read_bytes"] == 0  # read(2) on a socket: rchar only
+    grown = step("recv", "received")
+    assert grown["rchar"] < 65536  # recv(2) is not in rchar: a hub download shows in the writes only
+
+
+def test_io_counters_are_parsed_and_unreadable_io_is_none(tmp_path):
+    fake = tmp_path / "proc" / "4243"
+    fake.mkdir(parents=True)
+    (fake / "stat").write_text("4243 (python3) S 1 4243 4243 0 -1 0 0 0 0 0 1 1 0 0 20 0 1 0 9 0 0\n")
+    (fake / "io").write_text("rchar: 11\nwchar: 22\nsyscr: 3\nsyscw: 4\nread_bytes: 4096\nwrite_bytes: 8192\n"
+                             "cancelled_write_bytes: 0\n")
+    info = procfs.read_process(4243, str(tmp_path / "proc"))
+    assert [info[name] for name in procfs.IO_COUNTERS] == [4096, 8192, 11, 22]
+    (fake / "io").unlink()
+    info = procfs.read_process(4243, str(tmp_path / "proc"))
+    assert [info[name] for name in procfs.IO_COUNTERS] == [None] * 4
+    counter = procfs.TreeCounter()
+    counter.update({4243: info})
+    assert counter.io_totals() == dict.fromkeys(procfs.IO_COUNTERS)
+
+
+def test_written_bytes_survive_an_exit_and_a_reaper_takes_over_without_double_count():
+    counter = procfs.TreeCounter()
+
+    def proc(pid, starttime, child_ticks=0, **io):
+        info = {"pid": pid, "own_ticks": 1, "child_ticks": child_ticks, "starttime": starttime}
+        info.update(dict((name, io.get(name, 0)) for name in procfs.IO_COUNTERS))
+        return info
+
+    parent = proc(1, 1, write_bytes=5 * MIB, wchar=5 * MIB, rchar=1 * MIB)
+    child = proc(2, 2, write_bytes=20 * MIB, wchar=20 * MIB, rchar=7 * MIB)
+    counter.update({1: parent, 2: child})
+    first = counter.io_totals()
+    assert first["write_bytes"] == 25 * MIB and first["rchar"] == 8 * MIB
+    counter.update({1: parent})  # the child exited
+    assert counter.io_totals() == first
+    # The parent reaps it: the child's io is added to the parent's. Already counted: no growth.
+    reaped = proc(1, 1, write_bytes=25 * MIB, wchar=25 * MIB, rchar=8 * MIB)
+    counter.update({1: reaped})
+    assert counter.io_totals() == first
+    # Then the parent itself writes 3 MiB more: that is new.
+    counter.update({1: proc(1, 1, write_bytes=28 * MIB, wchar=28 * MIB, rchar=8 * MIB)})
+    assert counter.io_totals()["write_bytes"] == 28 * MIB and counter.io_totals()["wchar"] == 28 * MIB

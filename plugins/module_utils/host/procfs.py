@@ -1,4 +1,4 @@
-"""Reading /proc and /sys/fs/cgroup: a server's process tree, its CPU time and disk reads.
+"""Reading /proc and /sys/fs/cgroup: a server's process tree, its CPU time and I/O counters.
 
 Why these counters:
 - CPU: utime+stime of every process in the tree plus cutime+cstime, because vLLM compiles in
@@ -7,6 +7,11 @@ Why these counters:
 - Disk: `read_bytes` from /proc/<pid>/io, not `rchar`: vLLM's weight reader is a grandchild that
   reads the safetensors through mmap, so its `rchar` stays 0 while `read_bytes` counts the pages
   faulted in from disk. /proc/<pid>/io of another user's process needs privileges: then None.
+- Written and socket bytes: `write_bytes` (what the tree caused to be written to storage) and
+  `wchar`/`rchar` (bytes passed to write(2)/read(2) and their kin, sockets and pipes included). A
+  hub download receives with recv(), which rchar does not count, and writes the file: write_bytes
+  and wchar grow while read_bytes stays flat. A load streamed from an object store reads its
+  socket with read(): rchar grows with no block read (proc_pid_io(5)).
 - Page faults: minflt + majflt of each process. Work on fresh memory (a layer-by-layer repack,
   a new buffer per kernel) faults pages in; a rank spinning in a busy-wait touches none. With the
   ranks' stacks, this tells the two apart (readiness/classifier.py).
@@ -27,6 +32,10 @@ STATE_NAMES = {
     "X": "dead",
     "I": "idle",
 }
+
+
+# The /proc/<pid>/io counters the tree totals (see the module's docstring for why each).
+IO_COUNTERS = ("read_bytes", "write_bytes", "rchar", "wchar")
 
 
 def _read(path, mode="r"):
@@ -55,13 +64,14 @@ def read_process(pid, proc_root="/proc"):
         "faults": int(fields[7]) + int(fields[9]),
         "child_ticks": int(fields[13]) + int(fields[14]),
         "starttime": int(fields[19]),
-        "read_bytes": None,
         "cmdline": "",
     }
+    info.update(dict.fromkeys(IO_COUNTERS))
     try:
         for line in _read(os.path.join(base, "io")).splitlines():
-            if line.startswith("read_bytes:"):
-                info["read_bytes"] = int(line.split(":", 1)[1])
+            name, _colon, value = line.partition(":")
+            if name in IO_COUNTERS:
+                info[name] = int(value)
     except (OSError, ValueError):
         pass  # no privileges for another user's io: None, never a crash
     try:
@@ -116,7 +126,7 @@ def tree(root_pids, proc_root="/proc"):
 
 
 class TreeCounter(object):
-    """Monotonic CPU-seconds and read_bytes totals of a process tree across polls.
+    """Monotonic CPU-seconds and I/O byte totals (IO_COUNTERS) of a process tree across polls.
 
     Per process (pid + start time, so a reused pid is a new process) it keeps the last values
     seen. A process that exits keeps what it contributed, so totals never drop. When a parent
@@ -129,43 +139,55 @@ class TreeCounter(object):
     def __init__(self):
         self.last = {}
         self.cpu_ticks = 0
-        self.read_bytes = 0
-        self.read_bytes_known = False
-        self.cpu_debt = 0
-        self.read_debt = 0
+        self.io = dict((name, 0) for name in IO_COUNTERS)
+        self.io_known = dict((name, False) for name in IO_COUNTERS)
+        # What reaped children did while we saw them, per counter ("cpu" in ticks): not yet taken
+        # over by their reaper's counters.
+        self.debt = dict((name, 0) for name in ("cpu",) + IO_COUNTERS)
 
     def update(self, processes):
-        """Fold one poll's {pid: info} into the totals; return (cpu_seconds, read_bytes or None)."""
+        """Fold one poll's {pid: info} into the totals; return (cpu_seconds, read_bytes or None).
+        The other I/O totals are in io_totals() afterwards."""
         keys = dict(("%d:%d" % (info["pid"], info["starttime"]), info) for info in processes.values())
         # Processes gone since the last poll first: their reaper's increase may be in this poll.
         for key in [k for k in self.last if k not in keys]:
             gone = self.last.pop(key)
-            self.cpu_debt += gone["own"] + gone["reaped"]
-            self.read_debt += gone["rbytes"] or 0
+            self.debt["cpu"] += gone["own"] + gone["reaped"]
+            for name in IO_COUNTERS:
+                self.debt[name] += gone[name] or 0
         for key, info in keys.items():
             prev = self.last.get(key)
             own = info["own_ticks"]
             reaped = info["child_ticks"]
-            rbytes = info["read_bytes"]
             if prev is None:
                 # First sight: everything it has done so far is new work of this tree.
                 self.cpu_ticks += own + reaped
-                if rbytes is not None:
-                    self.read_bytes += rbytes
-                    self.read_bytes_known = True
             else:
                 self.cpu_ticks += max(0, own - prev["own"])
-                self.cpu_ticks += self._pay(max(0, reaped - prev["reaped"]), "cpu_debt")
-                if rbytes is not None and prev["rbytes"] is not None:
-                    self.read_bytes += self._pay(max(0, rbytes - prev["rbytes"]), "read_debt")
-                    self.read_bytes_known = True
-            self.last[key] = {"own": own, "reaped": reaped, "rbytes": rbytes}
-        return (self.cpu_ticks / float(CLK_TCK), self.read_bytes if self.read_bytes_known else None)
+                self.cpu_ticks += self._pay(max(0, reaped - prev["reaped"]), "cpu")
+            seen = {"own": own, "reaped": reaped}
+            for name in IO_COUNTERS:
+                value = info.get(name)
+                seen[name] = value
+                if value is None:
+                    continue
+                if prev is None:
+                    self.io[name] += value
+                    self.io_known[name] = True
+                elif prev[name] is not None:
+                    self.io[name] += self._pay(max(0, value - prev[name]), name)
+                    self.io_known[name] = True
+            self.last[key] = seen
+        return (self.cpu_ticks / float(CLK_TCK), self.io_totals()["read_bytes"])
 
-    def _pay(self, increase, debt_name):
-        debt = getattr(self, debt_name)
-        paid = min(increase, debt)
-        setattr(self, debt_name, debt - paid)
+    def io_totals(self):
+        """{counter: total bytes, or None while no process's /proc/<pid>/io could be read}."""
+        return dict((name, self.io[name] if self.io_known[name] else None) for name in IO_COUNTERS)
+
+    def _pay(self, increase, name):
+        """The part of a reaper's increase that is new work (name: "cpu" or an IO_COUNTERS name)."""
+        paid = min(increase, self.debt[name])
+        self.debt[name] -= paid
         return increase - paid
 
 

@@ -10,12 +10,24 @@ Why py-spy, and how:
 - Where py-spy is: the `py_spy` option (a path, or "off"); by default next to the engine's
   interpreter (the venv's bin/, where inference_env installs it), then PATH.
 A process that is not Python (a compiler child, the launcher's nvidia-smi) is skipped.
+
+GIL and activity: py-spy reports per thread `owns_gil` (the thread is the GIL's current holder,
+read from the interpreter) and `active` (the OS shows the thread running; on Python 3.11+ it has
+the native thread id even with --nonblocking; else a heuristic on the innermost frame). On live
+processes (tests/fixtures/stacks/shapes.json, py-spy 0.4.1, CPython 3.11) a Python hot loop is
+active with the GIL; a busy-wait inside one C call that released the GIL (as torch does around
+c10d collectives) is active without it; a C call that sleeps is neither. A C call that keeps the
+GIL (a regex backtrack) looks like a hot loop to these two flags: with `--locals`, the hot loop's
+locals change between samples and the C call's do not. StackReader.read(samples=N) takes N dumps
+~50 ms apart and says how many found the busiest thread active with the GIL, and whether its
+innermost line (and, with locals=True, its innermost frame's locals) changed between them.
 """
 import hashlib
 import json
 import os
 import re
 import shutil
+import time
 
 from ..common.command import run_command
 from .procfs import CLK_TCK
@@ -25,6 +37,7 @@ from .procfs import CLK_TCK
 PY_SPY_VERSION = "0.4.1"
 DUMP_TIMEOUT = 2.0  # seconds per process: a dump takes ~60 ms; a wedged read must not hold the wait
 SHOWN_FRAMES = 3  # innermost frames kept per process for messages
+SAMPLE_SPACING = 0.05  # seconds between two dumps of one read: apart enough for a hot loop to move
 # The rank a process serves, from its title: SGLang's `sglang::scheduler_TP3` (or DP0_TP3_EP0),
 # vLLM's `VLLM::Worker_TP3` and its log prefix `VllmWorker-3`, the simulator's `sim-TP3`.
 RANK_PATTERNS = (re.compile(r"TP(\d+)"), re.compile(r"VllmWorker-(\d+)"), re.compile(r"\brank[ =]?(\d+)"))
@@ -92,25 +105,59 @@ def _frame(frame):
             int(frame.get("line") or 0)]
 
 
-def parse_threads(text):
-    """py-spy's `dump --json` output -> (signature, thread name, innermost frames of the busiest thread).
+def _digest(value):
+    return hashlib.sha1(json.dumps(value).encode("utf-8")).hexdigest()[:16]  # kept between looks: short
+
+
+def parse_sample(text):
+    """py-spy's `dump --json` output -> {"signature", "thread", "frames", "owns_gil", "active",
+    "locals"} of the process (a process without Python threads: an empty signature and no frames).
 
     The signature covers every frame of every thread: it changes whenever any Python code of the
-    process moved. The frames shown are those of the thread that holds the GIL or runs, else of
-    the main thread: where the process's work is.
+    process moved. thread, frames (innermost first), owns_gil and active are those of the busiest
+    thread: the one that holds the GIL or runs, else the main thread, where the process's work is.
+    locals: a digest of its innermost frame's local values when the dump has them (--locals),
+    else None; the values themselves are never kept (they may hold secrets).
     """
     threads = json.loads(text)
     if not threads:
-        return "", None, []
+        return {"signature": "", "thread": None, "frames": [], "owns_gil": False, "active": False, "locals": None}
     ordered = sorted(threads, key=lambda th: th.get("thread_id") or 0)
-    frames = json.dumps([[_frame(f) for f in th.get("frames") or []] for th in ordered])
-    signature = hashlib.sha1(frames.encode("utf-8")).hexdigest()[:16]  # kept between looks: short
 
     def weight(th):
         return (bool(th.get("owns_gil")), bool(th.get("active")), th.get("thread_name") == "MainThread")
 
     shown = max(ordered, key=weight)
-    return signature, shown.get("thread_name"), [_frame(f) for f in (shown.get("frames") or [])[:SHOWN_FRAMES]]
+    frames = shown.get("frames") or []
+    local_values = frames[0].get("locals") if frames else None
+    return {"signature": _digest([[_frame(f) for f in th.get("frames") or []] for th in ordered]),
+            "thread": shown.get("thread_name"),
+            "frames": [_frame(f) for f in frames[:SHOWN_FRAMES]],
+            "owns_gil": bool(shown.get("owns_gil")),
+            "active": bool(shown.get("active")),
+            "locals": None if local_values is None else _digest([[v.get("name"), v.get("repr")] for v in local_values])}
+
+
+def parse_threads(text):
+    """py-spy's `dump --json` output -> (signature, thread name, innermost frames of the busiest thread)."""
+    sample = parse_sample(text)
+    return sample["signature"], sample["thread"], sample["frames"]
+
+
+def combine_samples(samples):
+    """Several parse_sample() results of one process, oldest first -> what they say together:
+    owns_gil/active of the last, gil_active_samples (how many found the busiest thread active
+    with the GIL), line_moved (its innermost frame changed between samples; None with one sample)
+    and locals_moved (its innermost frame's locals changed; None without --locals or with one)."""
+    last = samples[-1]
+    tops = [tuple(sample["frames"][0]) if sample["frames"] else None for sample in samples]
+    local_digests = [sample["locals"] for sample in samples]
+    several = len(samples) > 1
+    return {"owns_gil": last["owns_gil"], "active": last["active"], "samples": len(samples),
+            "gil_active_samples": sum(1 for sample in samples if sample["owns_gil"] and sample["active"]),
+            "line_moved": len(set(tops)) > 1 if several else None,
+            "locals_moved": (len(set(local_digests)) > 1
+                             if several and None not in local_digests else None)}
 
 
 def is_python(pid, info, proc_root="/proc"):
@@ -126,42 +173,58 @@ def is_python(pid, info, proc_root="/proc"):
 class StackReader(object):
     """Reads the stacks of a tree's Python processes. `runner(argv, timeout)` as common.command."""
 
-    def __init__(self, option="auto", runner=run_command, proc_root="/proc"):
+    def __init__(self, option="auto", runner=run_command, proc_root="/proc", sleep=time.sleep):
         self.option = option or "auto"
         self.runner = runner
         self.proc_root = proc_root
+        self.sleep = sleep
 
-    def read(self, processes):
+    def read(self, processes, samples=1, local_values=False):
         """{pid: info} -> {"processes": [...], "unavailable": None or why}.
 
         Each process: pid, name, rank, state, thread, frames (innermost first: [function, file,
-        line]), signature, cpu_seconds and faults (from `info`, for the classifier's rule).
+        line]), signature (of the last sample), cpu_seconds and faults (from `info`, for the
+        classifier's rule), and combine_samples()'s owns_gil, active, samples, gil_active_samples,
+        line_moved, locals_moved. samples: dumps per process, SAMPLE_SPACING apart (every process
+        is dumped once per round); local_values: dump with --locals, for locals_moved.
         """
         py_spy, why = find_py_spy(self.option, processes)
         if py_spy is None:
             return {"processes": [], "unavailable": why}
-        found = []
+        taken = {}
         refused = None
-        for pid in sorted(processes):
+        pids = [pid for pid in sorted(processes)
+                if processes[pid].get("state") not in ("Z", "X") and is_python(pid, processes[pid], self.proc_root)]
+        argv_tail = ["--json", "--nonblocking"] + (["--locals"] if local_values else [])
+        for round_number in range(max(1, samples)):
+            if round_number:
+                self.sleep(SAMPLE_SPACING)
+            for pid in pids:
+                rc, out, err = self.runner([py_spy, "dump", "--pid", str(pid)] + argv_tail, timeout=DUMP_TIMEOUT)
+                if rc != 0:
+                    text = " ".join((err or out or "").split())
+                    if any(word in text for word in NOT_PERMITTED):
+                        refused = "py-spy may not read process %d: %s" % (pid, text[:200])
+                    continue  # gone meanwhile, not Python after all, or a read that timed out
+                try:
+                    sample = parse_sample(out)
+                except (ValueError, TypeError, AttributeError):
+                    continue
+                taken.setdefault(pid, []).append(sample)
+        found = []
+        for pid in pids:
+            if pid not in taken:
+                continue
             info = processes[pid]
-            if info.get("state") in ("Z", "X") or not is_python(pid, info, self.proc_root):
-                continue
-            rc, out, err = self.runner([py_spy, "dump", "--pid", str(pid), "--json", "--nonblocking"],
-                                       timeout=DUMP_TIMEOUT)
-            if rc != 0:
-                text = " ".join((err or out or "").split())
-                if any(word in text for word in NOT_PERMITTED):
-                    refused = "py-spy may not read process %d: %s" % (pid, text[:200])
-                continue  # gone meanwhile, not Python after all, or a read that timed out
-            try:
-                signature, thread, frames = parse_threads(out)
-            except (ValueError, TypeError, AttributeError):
-                continue
+            last = taken[pid][-1]
             name = process_name(info)
-            found.append({"pid": pid, "name": name, "rank": rank_of(name, info.get("comm"), info.get("cmdline")),
-                          "state": info.get("state"), "thread": thread, "frames": frames, "signature": signature,
-                          "cpu_seconds": round(info.get("own_ticks", 0) / float(CLK_TCK), 2),
-                          "faults": info.get("faults")})
+            entry = {"pid": pid, "name": name, "rank": rank_of(name, info.get("comm"), info.get("cmdline")),
+                     "state": info.get("state"), "thread": last["thread"], "frames": last["frames"],
+                     "signature": last["signature"],
+                     "cpu_seconds": round(info.get("own_ticks", 0) / float(CLK_TCK), 2),
+                     "faults": info.get("faults")}
+            entry.update(combine_samples(taken[pid]))
+            found.append(entry)
         unavailable = None
         if not found and refused:
             unavailable = "%s (run as root, or grant CAP_SYS_PTRACE where Yama's ptrace_scope is 1 or 2)" % refused

@@ -2,7 +2,7 @@
 import resource
 import time
 
-from ..host import http_probe, procfs, systemd
+from ..host import http_probe, hub_cache, infiniband, procfs, systemd
 from ..common.command import run_command
 from ..common.errors import InputError
 from ..host.gpu import GpuReader
@@ -24,6 +24,12 @@ class HostProbe(object):
         self.gpus = GpuReader(config.gpus, nvml=nvml, runner=runner)
         self.gpu_cpu_s = 0.0  # this process's CPU seconds in GPU reads (what the wait's cost report splits out)
         self.stacks = StackReader(config.py_spy, runner=runner, proc_root=proc_root)
+        # Dumps per stack read and whether they read locals (host/stacks.py): one dump, no locals,
+        # unless the classifier asks for the GIL/activity evidence of several.
+        self.stack_samples = 1
+        self.stack_locals = False
+        self.hub = hub_cache.HubCacheReader(config.unit, runner=runner, proc_root=proc_root)
+        self.infiniband_root = infiniband.SYSFS_ROOT
         self.sources = []
         self.journal = None
         self.root_start = None
@@ -87,6 +93,8 @@ class HostProbe(object):
                 errors.append(str(exc))
         root_pid, processes, launcher = self._processes(unit)
         cpu_seconds, read_bytes = self.counter.update(processes)
+        # Written and socket bytes of the tree alone (a notify unit's launcher is outside it).
+        io_totals = self.counter.io_totals()
         if unit is not None:
             launcher_work = (sum(i["own_ticks"] + i["child_ticks"] for i in launcher.values()) / float(procfs.CLK_TCK),
                              sum(i["read_bytes"] or 0 for i in launcher.values()))
@@ -97,6 +105,9 @@ class HostProbe(object):
             "pids": sorted(processes),
             "cpu_seconds": round(cpu_seconds, 2),
             "read_bytes": read_bytes,
+            "write_bytes": io_totals["write_bytes"],
+            "rchar": io_totals["rchar"],
+            "wchar": io_totals["wchar"],
             "states": dict((str(p), i["state"]) for p, i in processes.items()),
             "comms": dict((str(p), i["comm"]) for p, i in processes.items()),
             "cpu": dict((str(p), round(i["own_ticks"] / float(procfs.CLK_TCK), 2)) for p, i in processes.items()),
@@ -104,7 +115,7 @@ class HostProbe(object):
         stack_read = None
         if stacks and processes:
             children_before = _children_cpu_s()
-            stack_read = self.stacks.read(processes)
+            stack_read = self.stacks.read(processes, samples=self.stack_samples, local_values=self.stack_locals)
             # What the py-spy runs cost: the classifier spaces the next read by it.
             stack_read["cpu_s"] = round(_children_cpu_s() - children_before, 4)
             if stack_read["unavailable"]:
@@ -130,9 +141,12 @@ class HostProbe(object):
         listeners = None
         if http["listening"] and cfg.url_is_local():
             listeners = procfs.listening_socket_owners(cfg.port(), self.proc_root)
+        ib_ports = infiniband.read_ports(self.infiniband_root)
         return Snapshot(t=t, process=process, unit=unit, gpus=gpus, log_lines=new_lines,
                         log_context=context, http=http, listeners=listeners, errors=errors, stacks=stack_read,
-                        peers=self._peer_connections())
+                        peers=self._peer_connections(),
+                        downloads=self.hub.read(processes) if processes else None,
+                        ib_rcv_bytes=infiniband.received_bytes(ib_ports), ib_ports=ib_ports or None)
 
     def _peer_connections(self):
         """Per other node of a multi-node group, its connections to the dist-init port (either

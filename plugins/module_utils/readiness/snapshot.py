@@ -9,9 +9,10 @@ from typing import Any, Dict, List, Optional
 @dataclasses.dataclass
 class Snapshot(object):
     t: float  # seconds since the wait began (monotonic clock)
-    # Process tree: {"root_pid", "alive", "pids", "cpu_seconds", "read_bytes", "states", "comms", "cpu"}.
-    # states/comms/cpu (own CPU seconds) map str(pid) -> value; read_bytes is None when
-    # /proc/<pid>/io is unreadable.
+    # Process tree: {"root_pid", "alive", "pids", "cpu_seconds", "read_bytes", "write_bytes", "rchar",
+    # "wchar", "states", "comms", "cpu"}. states/comms/cpu (own CPU seconds) map str(pid) -> value;
+    # the byte totals (host/procfs.py IO_COUNTERS) are None when /proc/<pid>/io is unreadable, and
+    # absent from traces recorded before they were read.
     process: Dict[str, Any] = dataclasses.field(default_factory=dict)
     unit: Optional[Dict[str, Any]] = None  # systemctl show properties (unit mode only)
     gpus: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -26,6 +27,13 @@ class Snapshot(object):
     # Multi-node: per other node, its established connections to the dist-init port, each
     # "remote_ip:remote_port>local_port" (the same string while the same connection lives).
     peers: Optional[Dict[str, List[str]]] = None
+    # Hub downloads in progress (host/hub_cache.py downloads(): {"caches", "files": [{"repo",
+    # "blob", "file", "bytes", "path"}], "bytes", "expected"}); None where not looked at.
+    downloads: Optional[Dict[str, Any]] = None
+    # Bytes received over the host's InfiniBand ports (host/infiniband.py, x4 applied); None
+    # without an HCA. ib_ports: per "<device>/<port>", {"rcv_bytes", "xmit_bytes"}.
+    ib_rcv_bytes: Optional[int] = None
+    ib_ports: Optional[Dict[str, Dict[str, Optional[int]]]] = None
 
     def to_dict(self):
         return dataclasses.asdict(self)
