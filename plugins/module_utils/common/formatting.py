@@ -1,7 +1,5 @@
 """Durations and sizes as modelwake writes them everywhere: status lines, messages, progress lines."""
-
-MIB = 1024.0 * 1024.0
-GIB = 1024.0 * MIB
+from .units import GIB, MIB
 
 
 def duration(seconds):

@@ -11,10 +11,10 @@ unit from the stop list is foreign, and the preflight fails rather than touch it
 import os
 import pwd
 
+from ..common.units import MIB
 from ..host import procfs
 from ..host.gpu import GpuReader
 
-MIB = 1024 * 1024
 OWN = "own"
 STOPPABLE = "stoppable"
 FOREIGN = "foreign"
