@@ -132,7 +132,7 @@ def _markers(records, engine):
                 fatal_seen = True
                 markers.append(Marker(snap["t"], phases.FAILED, line))
             elif kind == "run_start" and reached is None:
-                reached = engines.STARTING
+                reached = phases.STARTING
                 markers.append(Marker(snap["t"], phases.STARTING, line))
             elif kind == "marker" and _rank(hint) > _rank(reached):
                 reached = hint

@@ -184,7 +184,7 @@ class Classifier(object):
                 if list(shards) != st["shards"] and not context:
                     progress += 1  # a redraw of the same n/N is no news
                 st["shards"] = list(shards)
-                hint = engines.LOADING
+                hint = LOADING
                 kind = "marker"
             elif not context:
                 progress += 1
