@@ -96,6 +96,7 @@ from urllib import parse as urlparse
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelwake.serving.plugins.module_utils.common.addresses import is_loopback
 from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import ModelWakeError
+from ansible_collections.modelwake.serving.plugins.module_utils.common.formatting import http_result
 from ansible_collections.modelwake.serving.plugins.module_utils.host import http_probe
 
 
@@ -137,7 +138,7 @@ def _call(url, path, api_key, payload=None, timeout=30.0):
     result = http_probe.request(url.rstrip("/") + path, method="GET" if payload is None else "POST", body=payload,
                                 api_key=api_key, timeout=timeout)
     if result["kind"] != "status":
-        raise RequestFailed(http_probe.describe(result))
+        raise RequestFailed(http_result(result))
     if result["code"] != 200:
         raise RequestFailed("HTTP Error %d: %s" % (result["code"], (result["body"] or "")[:200]))
     return json.loads(result["body"])

@@ -1,4 +1,5 @@
-"""Durations and sizes as modelwake writes them everywhere: status lines, messages, progress lines."""
+"""Durations, sizes and HTTP answers as modelwake writes them everywhere: status lines, messages,
+progress lines."""
 from .units import GIB, MIB
 
 
@@ -22,3 +23,15 @@ def size(count, mib_digits=1):
 def mib(count):
     """Bytes always in MiB, one decimal: for deltas that are compared with each other (`+12.5 MiB`)."""
     return "%.1f MiB" % (count / MIB)
+
+
+def http_result(result):
+    """An HTTP probe's result (host.http_probe.request) in short words: `refused`, `503`,
+    `timeout (no answer in 30 s)`; `not asked` for None."""
+    if result is None:
+        return "not asked"
+    if result["kind"] == "status":
+        return "%d" % result["code"]
+    if result["kind"] == "refused":
+        return "refused"
+    return "%s (%s)" % (result["kind"], result["error"])

@@ -31,8 +31,7 @@ import dataclasses
 from typing import Any, Dict, List, Optional
 from urllib.parse import urlparse
 
-from ..common.formatting import mib as _mib
-from ..host import http_probe
+from ..common.formatting import http_result, mib as _mib
 from . import engines
 from .phases import FAILED, INITIALIZING, LOADING, NOT_STARTED, PHASES, READY, STALLED, STARTING, TIMEOUT
 from .stack_summary import summarize
@@ -679,7 +678,7 @@ class Classifier(object):
         completion = http.get("completion") or {}
         if completion.get("kind") == "timeout":
             evidence = ["POST /v1/completions (model %r): %s, while GET /health answered %s"
-                        % (http.get("model"), completion.get("error"), http_probe.describe(http.get("health")))] + evidence
+                        % (http.get("model"), completion.get("error"), http_result(http.get("health")))] + evidence
         return evidence
 
     def _ready_reason(self, http):
