@@ -31,7 +31,7 @@ import time
 
 from ..host import http_probe, procfs
 from ..readiness import engines
-from ..readiness.classifier import Verdict
+from ..readiness.verdict import Verdict
 from ..readiness.phases import FAILED, NOT_STARTED, PHASES, READY, STALLED, TERMINAL, TIMEOUT
 from ..readiness.config import build_config
 from ..common.errors import ModelWakeError

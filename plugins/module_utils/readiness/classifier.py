@@ -27,8 +27,6 @@ layer-by-layer repack, one JIT'd kernel per layer) looks the same from one read 
 works on fresh buffers: its page faults keep it progress. Without stacks, CPU counts as before.
 """
 import copy
-import dataclasses
-from typing import Any, Dict, List, Optional
 from urllib.parse import urlparse
 
 from ..common.formatting import http_result, mib as _mib
@@ -36,6 +34,7 @@ from . import engines
 from .phases import FAILED, INITIALIZING, LOADING, NOT_STARTED, PHASES, READY, STALLED, STARTING, TIMEOUT
 from .stack_summary import summarize
 from .status import status_news, status_phase
+from .verdict import RATE_WINDOW, Verdict
 
 TAIL_LINES = 200
 # The ranks' stacks cost the host a py-spy run per Python process (~10-30 ms of CPU each, more for a
@@ -44,35 +43,6 @@ TAIL_LINES = 200
 # busy-spinning hang is still declared within a quarter of stall_timeout of its silent-hang bound.
 STACKS_CPU_SHARE = 0.0025
 STACKS_GAP_OF_STALL = 0.25
-RATE_WINDOW = 60.0
-
-
-@dataclasses.dataclass
-class Verdict(object):
-    phase: str
-    msg: str
-    evidence: List[str] = dataclasses.field(default_factory=list)
-    terminal: bool = False
-    since: float = 0.0  # when the current phase began (seconds since the wait began)
-    bytes_read: Optional[int] = None
-    read_rate: Optional[float] = None  # bytes/s over the last RATE_WINDOW seconds
-    fraction: Optional[float] = None  # 0..1 of the weights loaded
-    eta: Optional[float] = None  # seconds until loading ends, when it can be estimated
-    shards: Optional[List[int]] = None  # [n, N] from the engine's progress bar
-    gpu: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
-    restarts: int = 0
-    pid: Optional[int] = None
-    engine: str = "auto"
-    last_progress: Optional[Dict[str, Any]] = None  # {"t", "what"}
-    phases: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
-    # The ranks' stacks at the latest read, when it is recent: per process pid, name, rank, state,
-    # thread, frames (innermost first) and same_for (seconds its stack has not changed).
-    stacks: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
-    where: str = ""  # those stacks in one line (stack_summary.summarize)
-    stacks_unavailable: str = ""  # why the latest read got no stacks (no py-spy, not permitted)
-
-    def to_dict(self):
-        return dataclasses.asdict(self)
 
 
 def _rank(phase):
