@@ -25,9 +25,8 @@ from typing import Dict, List, Optional, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the checkout is the modelwake.serving collection
 
+from ansible_collections.modelwake.serving.plugins.module_utils.common.units import MIB  # noqa: E402
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness import engines, phases  # noqa: E402  (the module's own phase names and log markers)
-
-MIB = 1024.0 * 1024.0
 PHASE_COLOURS = {
     phases.NOT_STARTED: "#bdbdbd",
     phases.STARTING: "#9ecae1",
@@ -133,7 +132,7 @@ def _markers(records, engine):
                 fatal_seen = True
                 markers.append(Marker(snap["t"], phases.FAILED, line))
             elif kind == "run_start" and reached is None:
-                reached = engines.STARTING
+                reached = phases.STARTING
                 markers.append(Marker(snap["t"], phases.STARTING, line))
             elif kind == "marker" and _rank(hint) > _rank(reached):
                 reached = hint

@@ -32,7 +32,8 @@ from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 from ansible.utils.vars import merge_hash
-from ansible_collections.modelwake.serving.plugins.module_utils.common.formatting import MIB, duration, size
+from ansible_collections.modelwake.serving.plugins.module_utils.common.formatting import duration, size
+from ansible_collections.modelwake.serving.plugins.module_utils.common.units import MIB
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.follow import (
     CLEANUP_COMMAND, FOLLOW_COMMAND, parse_read)
 

@@ -94,11 +94,10 @@ import time
 from urllib import parse as urlparse
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.modelwake.serving.plugins.module_utils.common.addresses import is_loopback
 from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import ModelWakeError
+from ansible_collections.modelwake.serving.plugins.module_utils.common.formatting import http_result
 from ansible_collections.modelwake.serving.plugins.module_utils.host import http_probe
-
-
-LOOPBACK = ("127.", "localhost", "::1", "[::1]")
 
 
 class LoadError(ModelWakeError):
@@ -117,7 +116,7 @@ def check_params(params):
     parsed = urlparse.urlsplit(params["url"] or "")
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise LoadError("url must be http(s)://HOST:PORT, got %r" % params["url"])
-    if not parsed.hostname.startswith(LOOPBACK) and parsed.hostname not in LOOPBACK:
+    if not is_loopback(parsed.hostname):
         raise LoadError("url must be a loopback address (127.0.0.1, ::1, localhost): run the benchmark on "
                         "the server itself; got host %r" % parsed.hostname)
     if not params["levels"] or any(level < 1 for level in params["levels"]):
@@ -139,7 +138,7 @@ def _call(url, path, api_key, payload=None, timeout=30.0):
     result = http_probe.request(url.rstrip("/") + path, method="GET" if payload is None else "POST", body=payload,
                                 api_key=api_key, timeout=timeout)
     if result["kind"] != "status":
-        raise RequestFailed(http_probe.describe(result))
+        raise RequestFailed(http_result(result))
     if result["code"] != 200:
         raise RequestFailed("HTTP Error %d: %s" % (result["code"], (result["body"] or "")[:200]))
     return json.loads(result["body"])

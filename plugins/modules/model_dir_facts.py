@@ -119,8 +119,9 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import InputError
 from ansible_collections.modelwake.serving.plugins.module_utils.common.formatting import duration
+from ansible_collections.modelwake.serving.plugins.module_utils.common.units import MIB
 from ansible_collections.modelwake.serving.plugins.module_utils.preflight import checksums
-from ansible_collections.modelwake.serving.plugins.module_utils.preflight.modeldir import MIB, inspect, measure_read_rate, problems
+from ansible_collections.modelwake.serving.plugins.module_utils.preflight.modeldir import inspect, measure_read_rate, problems
 
 
 ARGUMENT_SPEC = {

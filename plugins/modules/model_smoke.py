@@ -78,7 +78,8 @@ import json
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.modelwake.serving.plugins.module_utils.host.http_probe import describe, request
+from ansible_collections.modelwake.serving.plugins.module_utils.common.formatting import http_result
+from ansible_collections.modelwake.serving.plugins.module_utils.host.http_probe import request
 
 
 ARGUMENT_SPEC = {
@@ -111,7 +112,7 @@ def main():
         data = None
     if answer["kind"] != "status" or answer["code"] != 200 or not isinstance(data, dict) or not data.get("choices"):
         module.fail_json(msg="smoke completion to %s failed: %s %s" % (
-            params["url"], describe(answer), (answer["body"] or "")[:300]),
+            params["url"], http_result(answer), (answer["body"] or "")[:300]),
             latency_ms=latency_ms, status=answer["code"])
     choice = data["choices"][0]
     module.exit_json(changed=False, text=choice.get("text", ""), latency_ms=latency_ms, status=answer["code"],

@@ -1,8 +1,11 @@
 """The phase classifier on replayed snapshot traces: each verdict the issue names, as a case."""
+import ast
 import json
+import os
 
 import pytest
 
+from ansible_collections.modelwake.serving.plugins.lookup.launcher_sources import MODULE_UTILS, closure
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Classifier
 
 from traces import (K26_EXPECTED_BYTES, MIB, SGLANG_PREFIX, Trace, config, hang, http, k26_start,
@@ -461,3 +464,21 @@ def test_fatal_lines_in_a_file_tail_count_only_when_they_follow_a_run_start(cont
 
 
 # -- state persistence --------------------------------------------------------------------------
+
+
+# -- pure -----------------------------------------------------------------------------------
+
+# The standard library the classifier may use: no file, socket, process or clock anywhere below it.
+PURE_STDLIB = {"copy", "dataclasses", "re", "typing", "urllib.parse"}
+
+
+def test_the_classifier_and_everything_it_imports_do_no_io():
+    files = closure(["readiness.classifier"])
+    assert "readiness/spin.py" in files and "readiness/peers.py" in files and "readiness/verdict.py" in files
+    assert not [f for f in files if f.startswith("host/")], files
+    for path in files:
+        with open(os.path.join(MODULE_UTILS, path)) as handle:
+            tree = ast.parse(handle.read(), path)
+        stdlib = set(alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names)
+        stdlib |= set(node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and not node.level)
+        assert stdlib <= PURE_STDLIB, "%s imports %s" % (path, sorted(stdlib - PURE_STDLIB))

@@ -1,5 +1,6 @@
 """A multi-node group seen from one node: who joined, who never came, who left (replayed traces)."""
 from ansible_collections.modelwake.serving.plugins.module_utils.host import procfs
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.peers import PeerTracker
 
 from traces import MIB, SGLANG_PREFIX, Trace, config, http, replay
 
@@ -64,6 +65,19 @@ def test_a_node_joining_is_progress_and_extra_connections_coming_and_going_are_n
     assert verdicts[2][1].last_progress == {"t": 10.0, "what": "node k26-node1 joined"}
     assert [v.phase for _, v in verdicts][-1] == "ready"
     assert all("k26-node1" not in v.msg for _, v in verdicts[2:])
+
+
+def test_the_tracker_tells_joining_from_leaving_and_a_restarted_node_from_its_member():
+    tracker = PeerTracker()
+    names = ["k26-node1", "k26-node2"]
+    assert tracker.observe(0, names, {}) == []
+    assert tracker.observe(5, names, {"k26-node1": [NODE1]}) == ["k26-node1"]
+    assert tracker.observe(10, names, {"k26-node1": [NODE1, "10.213.77.12:40313>50000"]}) == []
+    assert tracker.first_left() is None  # one connection of the previous look remains: still a member
+    assert tracker.observe(15, names, {"k26-node1": ["10.213.77.12:40999>50000"]}) == []  # all new: a restart
+    assert tracker.first_left() == (15, "k26-node1")
+    assert tracker.observe(20, names, {"k26-node1": [NODE1]}) == [] and tracker.nodes["k26-node1"].left_t == 15
+    assert tracker.nodes["k26-node2"].joined_t is None and tracker.nodes["k26-node2"].left_t is None
 
 
 def test_established_connections_are_read_from_both_tables_v4_mapped_as_v4(tmp_path):

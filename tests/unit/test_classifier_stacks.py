@@ -12,6 +12,7 @@ import pytest
 
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Classifier
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.snapshot import Snapshot
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.spin import STACKS_CPU_SHARE, SpinTracker
 
 from traces import SGLANG_PREFIX, config, http
 
@@ -217,3 +218,28 @@ def test_a_read_that_misses_a_live_process_keeps_what_the_last_one_saw():
             snap.stacks["processes"] = [p for p in snap.stacks["processes"] if p["pid"] != RANKS[1]]  # a timed-out read
         verdict = classifier.observe(snap)
     assert verdict.where.startswith("TP0-1 in all_reduce (parallel_state.py:512) for 25s")
+
+
+def test_the_tracker_calls_a_process_still_only_while_its_frames_and_its_memory_stand_still():
+    tracker = SpinTracker()
+
+    def read(t, signature, faults):
+        tracker.fold(t, {"processes": [stack(201, 0, "all_reduce", signature, faults)], "cpu_s": 0.02}, [201], 100)
+        return tracker.entries["201"]
+
+    assert read(10.0, "a", 5000)["still"] is False  # first seen: nothing to compare with
+    entry = read(20.0, "a", 5050)
+    assert entry["still"] is True and entry["since"] == 10.0 and entry["still_since"] == 10.0
+    entry = read(30.0, "a", 5200)  # the same frames, 150 fresh pages: at work
+    assert entry["still"] is False and entry["since"] == 10.0 and entry["still_since"] == 30.0
+    entry = read(40.0, "b", 5200)  # the frames moved
+    assert entry["still"] is False and entry["since"] == 40.0 and entry["in_since"] == 10.0  # same function
+    read(50.0, "b", 5210)
+    assert tracker.moved() == 40.0
+    # Only the still process's CPU counts as spun: 3 s of it over 10 s.
+    tracker.cpu_prev = {"201": 100.0, "200": 50.0}
+    assert tracker.spinning_cpu_rate({"201": 103.0, "200": 59.0}, 10.0) == pytest.approx(0.3)
+    assert tracker.spinning_cpu_rate({"201": 104.0}, None) == 0.0 and tracker.cpu_prev == {"201": 104.0}
+    # A read that cost 0.02 s of CPU is spaced 8 s from the next one, within a quarter of stall_timeout.
+    assert tracker.gap(0.0, 600) == pytest.approx(0.02 / STACKS_CPU_SHARE)
+    assert tracker.gap(0.0, 20) == 5.0 and tracker.gap(30.0, 600) == 30.0

@@ -38,6 +38,9 @@ GOOD = {"url": "http://127.0.0.1:30001", "levels": [1, 2], "requests_per_level":
 @pytest.mark.parametrize("change, message", [
     ({"url": "http://10.0.0.5:30001"}, "url must be a loopback address (127.0.0.1, ::1, localhost): run the benchmark "
                                        "on the server itself; got host '10.0.0.5'"),
+    # A DNS name that starts like a loopback address is not one: it can resolve anywhere.
+    ({"url": "http://127.evil.example:30001"}, "url must be a loopback address (127.0.0.1, ::1, localhost): run "
+                                               "the benchmark on the server itself; got host '127.evil.example'"),
     ({"url": "127.0.0.1:30001"}, "url must be http(s)://HOST:PORT, got '127.0.0.1:30001'"),
     ({"levels": []}, "levels must be a non-empty list of positive integers, got []"),
     ({"levels": [1, 0]}, "levels must be a non-empty list of positive integers, got [1, 0]"),

@@ -1,7 +1,7 @@
-"""common/formatting.py: the one place durations and sizes are written (status, messages, progress)."""
+"""common/formatting.py: the one place durations, sizes and HTTP answers are written (status, messages, progress)."""
 import pytest
 
-from ansible_collections.modelwake.serving.plugins.module_utils.common.formatting import GIB, MIB, duration, mib, size
+from ansible_collections.modelwake.serving.plugins.module_utils.common.formatting import GIB, MIB, duration, http_result, mib, size
 
 
 @pytest.mark.parametrize("seconds, text", [
@@ -22,3 +22,10 @@ def test_size(count, digits, text):
 
 def test_mib_stays_in_mib():
     assert mib(2.5 * GIB) == "2560.0 MiB" and mib(12.5 * MIB) == "12.5 MiB"
+
+
+def test_http_result():
+    assert http_result({"kind": "status", "code": 503}) == "503"
+    assert http_result({"kind": "refused"}) == "refused"
+    assert http_result({"kind": "timeout", "error": "no answer in 5 s"}) == "timeout (no answer in 5 s)"
+    assert http_result(None) == "not asked"

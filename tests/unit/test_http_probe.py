@@ -158,12 +158,6 @@ def test_completion_without_choices_is_not_ready(server, answer):
     assert http_probe.probe_ready(server.url, model="m")["ready"] is False
 
 
-def test_describe():
-    assert http_probe.describe({"kind": "status", "code": 503}) == "503"
-    assert http_probe.describe({"kind": "refused"}) == "refused"
-    assert http_probe.describe({"kind": "timeout", "error": "no answer in 5 s"}) == "timeout (no answer in 5 s)"
-
-
 def test_a_server_hanging_on_every_request_costs_a_look_its_budget_once(server):
     for route in (("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/completions")):
         server.routes[route] = "hang"

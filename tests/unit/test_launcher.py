@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Verdict
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.verdict import Verdict
 from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import ModelWakeError
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch import (API_KEY_ENV, Reporter, build_launch_config, engine_environment,
                                                                              parse_args, prometheus_text, write_textfile)

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch import prometheus_text
-from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Verdict
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.verdict import Verdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")

@@ -13,7 +13,7 @@ import yaml
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch import (Launcher, Reporter, parse_args,
                                                                                          prometheus_text)
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.notify import Notifier
-from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Verdict
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.verdict import Verdict
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.phases import (FAILED, NOT_STARTED, PHASES,
                                                                                          TERMINAL)
 

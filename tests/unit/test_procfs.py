@@ -192,6 +192,13 @@ def test_cgroup_pids_of_a_unit(tmp_path, layout):
     assert procfs.cgroup_pids(None, 999, str(tmp_path / "proc"), str(cgroot)) == []
 
 
+def test_systemd_cgroups_reads_the_unified_and_the_v1_systemd_lines_only():
+    text = "12:memory:/system.slice/x.service\n1:name=systemd:/system.slice/a.service\n0::/system.slice/b.service\nbad\n"
+    assert procfs.systemd_cgroups(text) == [("systemd", "/system.slice/a.service"),
+                                            ("unified", "/system.slice/b.service")]
+    assert procfs.systemd_cgroups("") == []
+
+
 def test_listening_socket_owner_is_found_and_a_bound_only_socket_is_not_listening():
     listener = socket.socket()
     bound = socket.socket()

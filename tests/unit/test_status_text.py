@@ -6,7 +6,7 @@ exactly the phases it should (starting, loading, initializing) and nothing else.
 import pytest
 
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness import phases, status
-from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Verdict
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.verdict import Verdict
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.status import (STATUS_CHARS, format_status,
                                                                                         marker_summary, status_phase)
 

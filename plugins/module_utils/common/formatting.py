@@ -1,7 +1,6 @@
-"""Durations and sizes as modelwake writes them everywhere: status lines, messages, progress lines."""
-
-MIB = 1024.0 * 1024.0
-GIB = 1024.0 * MIB
+"""Durations, sizes and HTTP answers as modelwake writes them everywhere: status lines, messages,
+progress lines."""
+from .units import GIB, MIB
 
 
 def duration(seconds):
@@ -24,3 +23,15 @@ def size(count, mib_digits=1):
 def mib(count):
     """Bytes always in MiB, one decimal: for deltas that are compared with each other (`+12.5 MiB`)."""
     return "%.1f MiB" % (count / MIB)
+
+
+def http_result(result):
+    """An HTTP probe's result (host.http_probe.request) in short words: `refused`, `503`,
+    `timeout (no answer in 30 s)`; `not asked` for None."""
+    if result is None:
+        return "not asked"
+    if result["kind"] == "status":
+        return "%d" % result["code"]
+    if result["kind"] == "refused":
+        return "refused"
+    return "%s (%s)" % (result["kind"], result["error"])

@@ -10,9 +10,9 @@ memory, about 615 MiB of an H200, is in neither); utilisation in percent, or Non
 does not know.
 """
 from ..common.command import run_command
+from ..common.units import MIB
 from .nvml import Nvml
 
-MIB = 1024 * 1024
 
 SMI_GPU_QUERY = ["nvidia-smi", "--query-gpu=index,uuid,memory.used,memory.total,utilization.gpu,memory.free",
                  "--format=csv,noheader,nounits"]

@@ -14,7 +14,8 @@ Ready checks (the `ready_check` option):
               answers 200 as soon as the HTTP server runs and keeps 200 on a hung engine.
   models      GET /v1/models 200. SGLang serves this static list BEFORE it is ready (during
               warm-up): with SGLang it only proves the HTTP server runs.
-The API key goes in `Authorization: Bearer` and never into a result or message.
+The API key goes in `Authorization: Bearer` and never into a result or message. A result in words:
+common.formatting.http_result.
 """
 import json
 import socket
@@ -83,17 +84,6 @@ def _json(result):
         return json.loads(result["body"] or "")
     except ValueError:
         return None
-
-
-def describe(result):
-    """A short human text for a request result: `refused`, `503`, `timeout (no answer in 30 s)`."""
-    if result is None:
-        return "not asked"
-    if result["kind"] == "status":
-        return "%d" % result["code"]
-    if result["kind"] == "refused":
-        return "refused"
-    return "%s (%s)" % (result["kind"], result["error"])
 
 
 def probe_ready(base_url, ready_check="completion", model=None, api_key=None,

@@ -14,11 +14,12 @@ import re
 import time
 
 from ..common.command import run_command
+from ..common.units import MIB
 
 LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 # How much of an existing log file to read on the first look: enough for the current run's
 # phase markers, bounded so a huge log does not cost a long read.
-FILE_CONTEXT_BYTES = 1024 * 1024
+FILE_CONTEXT_BYTES = MIB
 JOURNAL_CONTEXT_LINES = 2000
 
 

@@ -191,6 +191,24 @@ class TreeCounter(object):
         return increase - paid
 
 
+def systemd_cgroups(text):
+    """The systemd paths of a /proc/<pid>/cgroup text, in its order: [(hierarchy, path)], hierarchy
+    "unified" for cgroup v2's `0::/system.slice/x.service` or "systemd" for the v1 (hybrid) line
+    `N:name=systemd:/system.slice/x.service`. Lines of other controllers and malformed ones are left out.
+    """
+    found = []
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hier, controllers, path = parts
+        if hier == "0" and controllers == "":
+            found.append(("unified", path))
+        elif controllers == "name=systemd":
+            found.append(("systemd", path))
+    return found
+
+
 def cgroup_pids(control_group=None, main_pid=None, proc_root="/proc", cgroup_root="/sys/fs/cgroup"):
     """Pids in a systemd unit's cgroup (and its sub-cgroups), cgroup v2 or the v1 name=systemd tree.
 
@@ -203,15 +221,12 @@ def cgroup_pids(control_group=None, main_pid=None, proc_root="/proc", cgroup_roo
                  os.path.join(cgroup_root, "systemd", control_group.lstrip("/"))]
     elif main_pid:
         try:
-            lines = _read(os.path.join(proc_root, str(main_pid), "cgroup")).splitlines()
+            text = _read(os.path.join(proc_root, str(main_pid), "cgroup"))
         except OSError:
-            lines = []
-        for line in lines:
-            hier, controllers, path = line.split(":", 2)
-            if hier == "0" and controllers == "":
-                paths.append(os.path.join(cgroup_root, path.lstrip("/")))
-            elif controllers == "name=systemd":
-                paths.append(os.path.join(cgroup_root, "systemd", path.lstrip("/")))
+            text = ""
+        for hierarchy, path in systemd_cgroups(text):
+            mount = cgroup_root if hierarchy == "unified" else os.path.join(cgroup_root, "systemd")
+            paths.append(os.path.join(mount, path.lstrip("/")))
     for path in paths:
         if os.path.isdir(path):
             pids = []

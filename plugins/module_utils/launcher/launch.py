@@ -31,10 +31,11 @@ import time
 
 from ..host import http_probe, procfs
 from ..readiness import engines
-from ..readiness.classifier import Verdict
+from ..readiness.verdict import Verdict
 from ..readiness.phases import FAILED, NOT_STARTED, PHASES, READY, STALLED, TERMINAL, TIMEOUT
 from ..readiness.config import build_config
 from ..common.errors import ModelWakeError
+from ..common.formatting import http_result
 from ..host.logs import split_records
 from ..readiness.status import format_status, one_line
 from .notify import Notifier, watchdog_interval
@@ -245,7 +246,7 @@ def liveness_probe(config, check, timeout):
             return True, None
         for name, path in (("completion", "/v1/completions"), ("models", "/v1/models"), ("health", "/health")):
             if found[name] is not None:
-                return False, "%s %s" % (path, http_probe.describe(found[name]))
+                return False, "%s %s" % (path, http_result(found[name]))
         return False, "no answer"
     return probe
 

@@ -14,11 +14,12 @@ import os
 import re
 
 from ..common.errors import InputError
+from ..common.units import MIB
 
 SUMS_FILE = "SHA256SUMS"
 HF_METADATA_DIR = os.path.join(".cache", "huggingface", "download")
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
-CHUNK = 8 * 1024 * 1024
+CHUNK = 8 * MIB
 
 
 def expected_sums(model_dir, names):

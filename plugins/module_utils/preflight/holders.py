@@ -11,10 +11,10 @@ unit from the stop list is foreign, and the preflight fails rather than touch it
 import os
 import pwd
 
+from ..common.units import MIB
 from ..host import procfs
 from ..host.gpu import GpuReader
 
-MIB = 1024 * 1024
 OWN = "own"
 STOPPABLE = "stoppable"
 FOREIGN = "foreign"
@@ -28,18 +28,10 @@ def unit_name(name):
 def unit_from_cgroup(text):
     """The systemd unit (service or scope) of a /proc/<pid>/cgroup text, or None.
 
-    cgroup v2 has one line `0::/system.slice/x.service[/sub]`; v1 hybrids also have
-    `N:name=systemd:/system.slice/x.service`. The innermost .service or .scope wins.
+    The paths are procfs.systemd_cgroups' (cgroup v2's `0::` line, v1's `name=systemd` one); the
+    innermost .service or .scope wins.
     """
-    paths = []
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        hier, controllers, path = parts
-        if (hier == "0" and controllers == "") or controllers == "name=systemd":
-            paths.append(path)
-    for path in paths:
+    for _hierarchy, path in procfs.systemd_cgroups(text):
         for part in reversed(path.strip("/").split("/")):
             if part.endswith(".service") or part.endswith(".scope"):
                 return part

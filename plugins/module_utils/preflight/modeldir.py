@@ -13,9 +13,9 @@ import os
 import time
 
 from ..common.errors import InputError
+from ..common.units import MIB
 from . import shards
 
-MIB = 1024 * 1024
 INDEX_NAME = "model.safetensors.index.json"
 # Problems listed one by one before "and N more".
 LISTED = 8

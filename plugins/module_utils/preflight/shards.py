@@ -12,8 +12,8 @@ import os
 import struct
 
 from ..common.errors import ModelWakeError
+from ..common.units import MIB
 
-MIB = 1024 * 1024
 # safetensors' own MAX_HEADER_SIZE: a larger length prefix is garbage, not a header.
 MAX_HEADER_SIZE = 100_000_000
 # Bits per element of every dtype safetensors knows. An unknown dtype (a newer one) is not refused:

@@ -9,6 +9,7 @@ from typing import Dict, List, Optional
 
 from urllib.parse import urlparse
 
+from ..common.addresses import is_local
 from ..common.errors import InputError
 
 ENGINES = ("sglang", "vllm", "auto")
@@ -64,14 +65,7 @@ class WaitConfig(object):
 
     def url_is_local(self):
         """The URL names this host's loopback or wildcard address: its port's owner is visible here."""
-        host = urlparse(self.url).hostname or ""
-        if host == "localhost":
-            return True
-        try:
-            address = ipaddress.ip_address(host)
-        except ValueError:
-            return False
-        return address.is_loopback or address.is_unspecified
+        return is_local(urlparse(self.url).hostname)
 
 
 def weights_size(model_path):

@@ -7,9 +7,8 @@ docs/readiness.md.
 """
 import re
 
-STARTING = "starting"
-LOADING = "loading"
-INITIALIZING = "initializing"
+from .phases import INITIALIZING, LOADING, STARTING
+
 READY_HINT = "ready_hint"  # the engine says it is ready; the ready check still decides
 
 # A new run of the server starts: lines before it belong to an earlier run.

@@ -20,6 +20,7 @@ import tempfile
 import time
 import traceback
 
+from .phases import STARTING
 from .waiter import wait_for_ready
 
 FILE_VERSION = 1
@@ -120,7 +121,7 @@ def start(config, probe, interval, clock=time.monotonic, lease_seconds=None):
     # The module's process so far: the interpreter, Ansible's wrapper, the imports, the input checks.
     startup_cpu_s = time.process_time()
     _write(path, {"version": FILE_VERSION, "done": False, "pid": None, "boot_id": boot,
-                  "result": {"phase": "starting", "elapsed": 0}, "info": {}})
+                  "result": {"phase": STARTING, "elapsed": 0}, "info": {}})
     ready_read, ready_write = os.pipe()
     child = os.fork()
     if child == 0:

@@ -1,0 +1,38 @@
+"""What the classifier says of one look, as plain JSON-serialisable data: the answer to a Snapshot.
+
+The module returns it, the launcher's STATUS= and metrics are written from it, the progress lines
+show it.
+"""
+import dataclasses
+from typing import Any, Dict, List, Optional
+
+# The span over which Verdict.read_rate is measured.
+RATE_WINDOW = 60.0
+
+
+@dataclasses.dataclass
+class Verdict(object):
+    phase: str
+    msg: str
+    evidence: List[str] = dataclasses.field(default_factory=list)
+    terminal: bool = False
+    since: float = 0.0  # when the current phase began (seconds since the wait began)
+    bytes_read: Optional[int] = None
+    read_rate: Optional[float] = None  # bytes/s over the last RATE_WINDOW seconds
+    fraction: Optional[float] = None  # 0..1 of the weights loaded
+    eta: Optional[float] = None  # seconds until loading ends, when it can be estimated
+    shards: Optional[List[int]] = None  # [n, N] from the engine's progress bar
+    gpu: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    restarts: int = 0
+    pid: Optional[int] = None
+    engine: str = "auto"
+    last_progress: Optional[Dict[str, Any]] = None  # {"t", "what"}
+    phases: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    # The ranks' stacks at the latest read, when it is recent: per process pid, name, rank, state,
+    # thread, frames (innermost first) and same_for (seconds its stack has not changed).
+    stacks: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    where: str = ""  # those stacks in one line (stack_summary.summarize)
+    stacks_unavailable: str = ""  # why the latest read got no stacks (no py-spy, not permitted)
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
