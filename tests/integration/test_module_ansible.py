@@ -11,8 +11,7 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ANSIBLE = os.path.join(ROOT, ".venv", "bin", "ansible")
+from tests.helpers import ANSIBLE, ROOT
 
 # A stand-in server: answers like a ready OpenAI-compatible server, or only /health 404 with
 # mode "listen-only"; prints its port once listening.

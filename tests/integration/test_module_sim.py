@@ -24,8 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from simharness import SimRunner, free_port, make_model, weights_bytes
-from test_module_ansible import ANSIBLE, ENV, ROOT, parse
+from tests.helpers import ANSIBLE, ROOT, free_port
+from tests.helpers.simharness import SimRunner, make_model, weights_bytes
+from tests.integration.test_module_ansible import ENV, parse
 
 ENGINES = ("sglang", "vllm")
 FAST = ["--start-seconds", "1.5", "--load-rate-mib", "32", "--init-seconds", "1.5", "--warmup-seconds", "1.5"]

@@ -1,7 +1,7 @@
 """A multi-node group seen from one node: who joined, who never came, who left (replayed traces)."""
 from ansible_collections.modelwake.serving.plugins.module_utils.host import procfs
 
-from traces import MIB, SGLANG_PREFIX, Trace, config, http, replay
+from tests.helpers.traces import MIB, SGLANG_PREFIX, Trace, config, http, replay
 
 PEERS = {"k26-node1": ["10.213.77.12"]}
 NODE1 = "10.213.77.12:40312>50000"

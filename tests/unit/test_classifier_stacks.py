@@ -13,7 +13,7 @@ import pytest
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Classifier
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.snapshot import Snapshot
 
-from traces import SGLANG_PREFIX, config, http
+from tests.helpers.traces import SGLANG_PREFIX, config, http
 
 RANKS = (201, 202)
 API = 200

@@ -12,7 +12,7 @@ import pytest
 
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness import follow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import ROOT
 
 # /health answers 503 until `ready_after` seconds have passed, then 200; the port on stdout.
 SERVER = r"""
