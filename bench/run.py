@@ -30,7 +30,7 @@ from ansible_collections.modelwake.serving.plugins.module_utils.readiness import
 from bench import report, simrun  # noqa: E402
 from modelwake_runner.cli import run_playbook  # noqa: E402  (ansible-runner: every play's events as data)
 from tests.fakes import fake_nvml  # noqa: E402  (the fake libnvidia-ml.so.1: scripted GPUs read through NVML)
-from tests.helpers import FAKES, ROOT, TESTHOSTS, VENV_BIN, free_port  # noqa: E402
+from tests.helpers import FAKES, ROOT, TESTHOSTS, VENV_BIN, free_port, poll  # noqa: E402
 from tests.helpers.simharness import descendants, make_model  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -180,9 +180,7 @@ def run_scenario(engine, name, fault, event, model, work):
                    for a in APPROACHES]
         codes = dict((w.approach, w.join()) for w in waiters)
         if fault and fault.startswith("crash"):
-            deadline = time.monotonic() + 15
-            while sim.exit_time is None and time.monotonic() < deadline:
-                time.sleep(0.05)
+            poll(lambda: sim.exit_time is not None, 15)
         truth = true_event(sim, engine, name)
     finally:
         sim.stop()

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.helpers import ANSIBLE, ROOT, free_port
+from tests.helpers import ANSIBLE, ROOT, free_port, poll
 from tests.helpers.simharness import SimRunner, make_model, weights_bytes
 from tests.integration.test_module_ansible import ENV, parse
 
@@ -103,12 +103,9 @@ def attached(sim, url=None, **options):
     result = {}
     with ThreadPoolExecutor(1) as runner:
         pending = runner.submit(lambda: result.setdefault("run", module(url or sim.url, sim.pid, **options)))
-        deadline = time.monotonic() + 120
         try:
-            while time.monotonic() < deadline and not pending.done():
-                if os.path.exists(options["progress_path"]) and os.path.getsize(options["progress_path"]):
-                    break
-                time.sleep(0.05)
+            poll(lambda: os.path.exists(options["progress_path"]) and os.path.getsize(options["progress_path"]), 120,
+                 stop=pending.done)
         finally:
             os.killpg(sim.pid, signal.SIGCONT)
         pending.result()
