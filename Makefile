@@ -98,7 +98,7 @@ hosts-down: ## Stop and remove the demo test hosts
 	tools/testhosts down --all
 
 bench: venv ## Benchmarks: writes bench/out/report.md
-	$(VENV)/bin/python bench/run.py --out bench/out
+	$(VENV)/bin/python -m bench.run --out bench/out
 
 clean: ## Remove the toolchain venv (caches under $(MODELWAKE_CACHE) stay)
 	rm -rf $(VENV) .pytest_cache

@@ -4,10 +4,6 @@ judge() decides whether a verdict was right and how late it came; write() render
 its pictures (tools/timeline.py) into the output directory.
 """
 import os
-import sys
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tools"))
 
 READY = "ready"
 # The verdict the module must give per scenario; the fixed waits only say ready or give up.
@@ -106,7 +102,7 @@ def targets(results):
 
 def _pictures(results, out):
     """Timeline pictures of two starts and the throughput plot, next to report.md; their file names."""
-    import timeline
+    from tools import timeline
     made = {}
     for scenario in results.get("scenarios") or []:
         key = "%s-%s" % (scenario["engine"], scenario["scenario"])

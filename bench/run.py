@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """`make bench`: measure modelwake's claims side by side with the waits people use today.
 
-    .venv/bin/python bench/run.py [--out bench/out] [--only scenarios,cost,throughput,rerun,fanout]
+    .venv/bin/python -m bench.run [--out bench/out] [--only scenarios,cost,throughput,rerun,fanout]
+
+(from the repository root: the bench imports the collection, the tests' helpers and the tools by name).
 
 Writes <out>/results.json, <out>/report.md (bench/report.py) and its pictures. Everything runs on
 loopback or on our own test-host guests, and everything started here is stopped here (engines by
@@ -20,21 +22,18 @@ import tempfile
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, ROOT)  # the checkout is the modelwake.serving collection
-sys.path.insert(0, os.path.join(ROOT, "tools"))
+if not __package__:
+    # Run as a file, Python would put bench/ on the import path instead of the root the imports below need.
+    sys.exit("bench/run.py runs from the repository root as a module: .venv/bin/python -m bench.run")
 
-import report  # noqa: E402
-import simrun  # noqa: E402
-sys.path.insert(0, os.path.join(ROOT, "tests", "fakes"))
-import fake_nvml  # noqa: E402  (the fake libnvidia-ml.so.1: scripted GPUs read through NVML)
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness import follow  # noqa: E402
+from bench import report, simrun  # noqa: E402
 from modelwake_runner.cli import run_playbook  # noqa: E402  (ansible-runner: every play's events as data)
+from tests.fakes import fake_nvml  # noqa: E402  (the fake libnvidia-ml.so.1: scripted GPUs read through NVML)
+from tests.helpers import FAKES, ROOT, TESTHOSTS, VENV_BIN, free_port, poll  # noqa: E402
+from tests.helpers.simharness import descendants, make_model  # noqa: E402
 
-VENV_BIN = os.path.join(ROOT, ".venv", "bin")
-FAKES = os.path.join(ROOT, "tests", "fakes")
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Time scale: the fixed-deadline waits' common budget (600 s: uri delay 10 x retries 60, wait_for
 # timeout 600) is scaled by 1/30 like the engine's start; every approach looks once a second.
@@ -181,9 +180,7 @@ def run_scenario(engine, name, fault, event, model, work):
                    for a in APPROACHES]
         codes = dict((w.approach, w.join()) for w in waiters)
         if fault and fault.startswith("crash"):
-            deadline = time.monotonic() + 15
-            while sim.exit_time is None and time.monotonic() < deadline:
-                time.sleep(0.05)
+            poll(lambda: sim.exit_time is not None, 15)
         truth = true_event(sim, engine, name)
     finally:
         sim.stop()
@@ -234,7 +231,7 @@ def _module_processes(root):
     or with pipelining a bare interpreter reading the module from stdin. A forked child before its
     exec looks the same, so only the shallowest match of each chain counts."""
     found = []
-    for pid in simrun.descendants(root):
+    for pid in descendants(root):
         try:
             with open("/proc/%d/cmdline" % pid, "rb") as handle:
                 argv = [arg.decode("utf-8", "replace") for arg in handle.read().split(b"\0")[:-1]]
@@ -444,7 +441,7 @@ def measure_throughput(model, work):
 # -- test hosts: re-run of deploy-k26.yml, fan-out -------------------------------------------------
 
 def testhosts(*args, **kwargs):
-    return subprocess.run([os.path.join(ROOT, "tools", "testhosts")] + list(args), cwd=ROOT,
+    return subprocess.run([TESTHOSTS] + list(args), cwd=ROOT,
                           env=dict(os.environ, **ansible_env()),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, **kwargs)
 
@@ -554,7 +551,7 @@ def measure_fanout(work, counts=(1, 2, 4)):
 def measure_real_vllm(work):
     """The module watching a start of the real vLLM CPU build (tools/vllm_cpu.py, its cached venv and
     tiny model) with poll_interval 1: bench/REPORT.md's "A real vLLM start". Skipped when the cache lacks them."""
-    import vllm_cpu
+    from tools import vllm_cpu
     base = os.path.join(work, "real-vllm")
     os.makedirs(base, exist_ok=True)
     model = os.path.join(vllm_cpu.cache_root(), "models", "tiny")
@@ -563,7 +560,7 @@ def measure_real_vllm(work):
                 "python3 tools/vllm_cpu.py ensure-venv and make-model %s --tiny" % model}
     log_path = _fresh(os.path.join(base, "engine.log"))
     progress = _fresh(os.path.join(base, "progress.jsonl"))
-    port = simrun.free_port()
+    port = free_port()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(vllm_cpu.serve_command(model, port), stdout=log, stderr=subprocess.STDOUT,
                                 env=vllm_cpu.engine_env(), cwd=base, start_new_session=True)
@@ -613,7 +610,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     work = os.path.join(args.out, "work")
     os.makedirs(work, exist_ok=True)
-    model = simrun.make_model(os.path.join(work, "model"), MODEL_MIB, MODEL_SHARDS)
+    model = make_model(os.path.join(work, "model"), MODEL_MIB, MODEL_SHARDS)
     fake_nvml.build(NVML_DIR)
     results_path = os.path.join(args.out, "results.json")
     results = {}

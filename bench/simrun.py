@@ -12,12 +12,9 @@ import sys
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
-
-# The integration tests' helpers: a free loopback port, the sim's environment, a model whose
-# shards are on disk and out of the page cache (so read_bytes counts the engine's reads).
-from simharness import descendants, free_port, make_model, sim_env  # noqa: E402,F401
+# The integration tests' helpers: a free loopback port, the sim's environment.
+from tests.helpers import free_port, poll
+from tests.helpers.simharness import sim_env
 
 
 class SimRun(object):
@@ -80,15 +77,7 @@ class SimRun(object):
 
     def wait_for(self, text, timeout):
         """Block until a line holds `text`; its wall time, or None when the deadline or the exit came first."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            when = self.first(text)
-            if when is not None:
-                return when
-            if self.exit_time is not None:
-                return self.first(text)
-            time.sleep(0.05)
-        return None
+        return poll(lambda: self.first(text), timeout, stop=lambda: self.exit_time is not None)
 
     def stop(self):
         """SIGTERM to the process group, SIGKILL after 10 s; always reaps."""

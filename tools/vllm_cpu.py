@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A real vLLM server on a CPU-only machine, for end-to-end tests (see docs/testing.md, "The real vLLM CPU build").
 
-Sub-commands (also importable: the pytest fixtures in tests/realengine/ call these functions):
+Sub-commands (also importable: the pytest fixture in tests/helpers/realengine.py and the bench call these functions):
 
   wheelhouse            the pinned vLLM CPU build and everything it needs, as wheels, with the exact
                         package set in requirements.lock: what test hosts install offline

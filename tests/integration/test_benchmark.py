@@ -7,13 +7,11 @@ import urllib.request
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "bench"))
+from ansible_collections.modelwake.serving.plugins.modules import completion_load
+from bench import simrun
+from tests.helpers import ANSIBLE_PLAYBOOK as PLAYBOOK, ROOT
+from tests.helpers.simharness import make_model
 
-import simrun  # noqa: E402
-from ansible_collections.modelwake.serving.plugins.modules import completion_load  # noqa: E402
-
-PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
 ENV = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
 FAST = ["--start-seconds", "0.2", "--init-seconds", "0.3", "--warmup-seconds", "0.2", "--load-rate-mib", "200",
         "--token-seconds", "0.01", "--no-access-log", "--served-model-name", "k26-sim"]
@@ -22,7 +20,7 @@ FAST = ["--start-seconds", "0.2", "--init-seconds", "0.3", "--warmup-seconds", "
 @pytest.fixture(scope="module")
 def ready_sim(tmp_path_factory):
     base = tmp_path_factory.mktemp("bench")
-    model = simrun.make_model(str(base / "model"), 8, 4)
+    model = make_model(str(base / "model"), 8, 4)
     run = simrun.SimRun("vllm", model, str(base / "sim.log"), FAST).start()
     try:
         assert run.wait_for("Application startup complete.", 60), "the sim never became ready: %s" % run.lines[-5:]

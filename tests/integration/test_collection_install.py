@@ -24,12 +24,10 @@ import threading
 
 import pytest
 
-from guesthost import GuestHost
-from simharness import SimRunner, make_model
+from tests.helpers import FAKES, ROOT, SIM_PATH, VENV_BIN as BIN
+from tests.helpers.guesthost import GuestHost
+from tests.helpers.simharness import SimRunner, make_model
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.path.join(ROOT, ".venv", "bin")
-FAKES = os.path.join(ROOT, "tests", "fakes")
 FAST = ["--start-seconds", "1", "--load-rate-mib", "16", "--init-seconds", "1", "--warmup-seconds", "0.5",
         "--token-seconds", "0.01", "--served-model-name", "k26-sim"]
 
@@ -308,7 +306,7 @@ def test_a_playbook_elsewhere_deploys_onto_a_test_host_with_the_roles_by_fqcn(pr
             "vars": {"ansible_user": "root", "ansible_python_interpreter": "/usr/bin/python3",
                      "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
                                                 "-o LogLevel=ERROR",
-                     "inference_env_sim_source": os.path.join(ROOT, "engines", "sim"),
+                     "inference_env_sim_source": SIM_PATH,
                      "inference_env_controller_cache": str(tmp_path / "controller-cache")}}}}}))
         (project / "deploy.yml").write_text(DEPLOY)
         env = outside_env(ANSIBLE_CONFIG=str(project / "ansible.cfg"), ANSIBLE_NOCOLOR="1")

@@ -14,11 +14,11 @@ import pytest
 from ansible_collections.modelwake.serving.plugins.lookup.catalog_entry_problems import entry_problems
 from ansible_collections.modelwake.serving.plugins.lookup.host_models_problems import host_models_problems
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-INVENTORY = os.path.join(ROOT, ".venv", "bin", "ansible-inventory")
+from tests.helpers import ANSIBLE_PLAYBOOK as PLAYBOOK, ROOT, VENV_BIN
+
+INVENTORY = os.path.join(VENV_BIN, "ansible-inventory")
 DOC_NETS = [ipaddress.ip_network("192.0.2.0/24"), ipaddress.ip_network("198.51.100.0/24"),
             ipaddress.ip_network("203.0.113.0/24"), ipaddress.ip_network("2001:db8::/32")]
-PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
 
 
 def inventory(name):

@@ -29,11 +29,11 @@ from datetime import datetime, timezone
 
 import pytest
 
-from guesthost import ROOT, TESTHOSTS, PlayOutput, guest_vars, host_tool
 from modelwake_runner.cli import run_playbook
+from tests.helpers import ANSIBLE_PLAYBOOK as PLAYBOOK, ROOT, TESTHOSTS, VENV_BIN
+from tests.helpers.guesthost import PlayOutput, guest_vars, host_tool
 
-PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
-PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
+PYTHON = os.path.join(VENV_BIN, "python")
 # Per session: two pytest sessions (a developer's and a full `make integration`) never share a guest.
 GUEST = "mwl-%d" % (os.getpid() % 100000)
 UNIT = "sglang-k26"

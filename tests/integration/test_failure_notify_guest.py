@@ -21,10 +21,8 @@ import time
 
 import pytest
 
-from guesthost import ROOT, TESTHOSTS, host_tool, until
-
-PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
-ANSIBLE = os.path.join(ROOT, ".venv", "bin", "ansible")
+from tests.helpers import ANSIBLE, ANSIBLE_PLAYBOOK as PLAYBOOK, ROOT, TESTHOSTS, until
+from tests.helpers.guesthost import host_tool
 GUEST = "mwf-%d" % (os.getpid() % 100000)
 UNIT = "mwf-dummy"
 PORT = 18080

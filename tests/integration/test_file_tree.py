@@ -8,7 +8,7 @@ import os
 import pwd
 import stat
 
-from test_module_ansible import ansible
+from tests.integration.test_module_ansible import ansible
 
 OWNER = pwd.getpwuid(os.getuid()).pw_name
 GROUP = grp.getgrgid(os.getgid()).gr_name

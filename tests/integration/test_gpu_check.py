@@ -9,12 +9,10 @@ import os
 import subprocess
 import sys
 
-from simharness import ROOT
+from tests.fakes import fake_nvml
+from tests.helpers import TOOLS
 
-sys.path.insert(0, os.path.join(ROOT, "tests", "fakes"))
-import fake_nvml  # noqa: E402
-
-GPU_CHECK = os.path.join(ROOT, "tools", "gpu-check")
+GPU_CHECK = os.path.join(TOOLS, "gpu-check")
 
 
 def run(tmp_path, *args, **env):

@@ -15,9 +15,7 @@ import numpy
 import pytest
 from safetensors.numpy import save_file
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
-FAKES = os.path.join(ROOT, "tests", "fakes")
+from tests.helpers import ANSIBLE_PLAYBOOK as PLAYBOOK, FAKES, ROOT
 MIB = 1024 * 1024
 
 PLAY = """

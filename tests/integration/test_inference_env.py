@@ -2,7 +2,7 @@
 
 What is real: Python venvs, pip, Ansible, the role and its modules, the simulated engine's wheel
 (built from engines/sim by the role). What stands in: the `compressed-tensors`, `torch` and
-`loguru` wheels are small wheels the session fixture builds (tests/fixtures/inference_env/envkit.py);
+`loguru` wheels are small wheels the session fixture builds (tests/helpers/envkit.py);
 each `compressed-tensors` release has exactly the `CompressionFormat` members of the real release
 (engines.md 3.1) and its kind of dependencies (0.16.0 asks for torch >= 2.10, as the real one does;
 0.15.0.2 is deliberately broken). No index is reachable during the runs: pip's configuration is
@@ -17,8 +17,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "inference_env"))
-import envkit  # noqa: E402  pylint: disable=wrong-import-position
+from tests.helpers import envkit
 
 NVFP4 = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "quantization_status": "compressed",
          "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float"}}}}

@@ -18,8 +18,7 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "inference_env"))
-import envkit  # noqa: E402  pylint: disable=wrong-import-position
+from tests.helpers import envkit
 
 pytestmark = pytest.mark.slow
 

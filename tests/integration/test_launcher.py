@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,19 +21,11 @@ import pytest
 from ansible_collections.modelwake.serving.plugins.module_utils.host import procfs
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch import EXIT_ENGINE_EXITED, EXIT_FAILED, EXIT_STALLED, EXIT_USAGE
 
-import launcher_package
-from notify_listener import NotifyListener
+from tests.helpers import SIM_PATH, free_port, launcher_package
+from tests.helpers.notify_listener import NotifyListener
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SIM_PATH = os.path.join(ROOT, "engines", "sim")
 FAST = ["--start-seconds", "0.5", "--init-seconds", "2", "--warmup-seconds", "0.5", "--load-rate-mib", "16",
         "--disable-cuda-graph"]
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

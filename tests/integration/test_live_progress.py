@@ -16,12 +16,9 @@ import sys
 
 import pytest
 
-from simharness import ROOT, SimRunner, make_model
-
-sys.path.insert(0, os.path.join(ROOT, "tests", "fakes"))
-import fake_nvml  # noqa: E402
-
-PLAYBOOK_BIN = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
+from tests.fakes import fake_nvml
+from tests.helpers import ANSIBLE_PLAYBOOK as PLAYBOOK_BIN, ROOT
+from tests.helpers.simharness import SimRunner, make_model
 SECRET = "sk-live-progress-secret-5c2e"
 START = ["--start-seconds", "1", "--load-rate-mib", "8", "--init-seconds", "6", "--warmup-seconds", "1",
          "--fake-gpus", "--fake-gpu-count", "2", "--tp", "2"]

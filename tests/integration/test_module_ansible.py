@@ -11,8 +11,7 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ANSIBLE = os.path.join(ROOT, ".venv", "bin", "ansible")
+from tests.helpers import ANSIBLE, ROOT, poll
 
 # A stand-in server: answers like a ready OpenAI-compatible server, or only /health 404 with
 # mode "listen-only"; prints its port once listening.
@@ -138,9 +137,8 @@ def test_process_that_exits_is_failed_within_a_poll(processes, tmp_path):
                                % (proc.pid, progress)],
                               cwd=ROOT, env=ENV, stdout=subprocess.PIPE, universal_newlines=True)
     try:
-        deadline = time.monotonic() + 60
-        while not progress.exists() and waiter.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)  # integration test: waiting for Ansible to start the module
+        # Until Ansible has started the module (it writes progress_path), unless Ansible ended first.
+        poll(progress.exists, 60, 0.1, stop=lambda: waiter.poll() is not None)
         proc.stdin.close()  # the "server" crashes now
         crashed_at = time.monotonic()
         out, _ = waiter.communicate(timeout=120)

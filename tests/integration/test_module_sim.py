@@ -24,8 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from simharness import SimRunner, free_port, make_model, weights_bytes
-from test_module_ansible import ANSIBLE, ENV, ROOT, parse
+from tests.helpers import ANSIBLE, ROOT, free_port, poll
+from tests.helpers.simharness import SimRunner, make_model, weights_bytes
+from tests.integration.test_module_ansible import ENV, parse
 
 ENGINES = ("sglang", "vllm")
 FAST = ["--start-seconds", "1.5", "--load-rate-mib", "32", "--init-seconds", "1.5", "--warmup-seconds", "1.5"]
@@ -102,12 +103,9 @@ def attached(sim, url=None, **options):
     result = {}
     with ThreadPoolExecutor(1) as runner:
         pending = runner.submit(lambda: result.setdefault("run", module(url or sim.url, sim.pid, **options)))
-        deadline = time.monotonic() + 120
         try:
-            while time.monotonic() < deadline and not pending.done():
-                if os.path.exists(options["progress_path"]) and os.path.getsize(options["progress_path"]):
-                    break
-                time.sleep(0.05)
+            poll(lambda: os.path.exists(options["progress_path"]) and os.path.getsize(options["progress_path"]), 120,
+                 stop=pending.done)
         finally:
             os.killpg(sim.pid, signal.SIGCONT)
         pending.result()

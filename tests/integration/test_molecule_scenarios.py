@@ -12,10 +12,10 @@ import subprocess
 import pytest
 import yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import ROOT, TESTHOSTS, VENV_BIN
+
 MOLECULE_DIR = os.path.join(ROOT, "molecule")
-MOLECULE = os.path.join(ROOT, ".venv", "bin", "molecule")
-TESTHOSTS = os.path.join(ROOT, "tools", "testhosts")
+MOLECULE = os.path.join(VENV_BIN, "molecule")
 # The longest scenario takes about 6 minutes on a quiet 2-core machine.
 SCENARIO_TIMEOUT = 1500
 

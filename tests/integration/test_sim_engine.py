@@ -14,9 +14,10 @@ import urllib.request
 
 import pytest
 
-from simharness import ROOT, SimRunner, descendants, make_model
+from tests.helpers import FAKES, until
+from tests.helpers.simharness import SimRunner, descendants, make_model
 
-NVIDIA_SMI = os.path.join(ROOT, "tests", "fakes", "nvidia-smi")
+NVIDIA_SMI = os.path.join(FAKES, "nvidia-smi")
 FAST = ["--start-seconds", "0.2", "--init-seconds", "0.6", "--warmup-seconds", "0.6", "--load-rate-mib", "64"]
 
 
@@ -80,14 +81,8 @@ def cpu_ticks(pids):
     return total
 
 
-def wait_until(check, timeout=15, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("%s not reached within %ss" % (what, timeout))
+# How often the checks below look: the simulated engine's phases last a second or two.
+LOOK = 0.05
 
 
 def test_sglang_port_closed_while_loading_then_models_before_health_then_answers(model_dir, start_sim):
@@ -135,14 +130,14 @@ def test_sglang_schedulers_are_titled_children(model_dir, start_sim):
 def test_vllm_grandchild_reads_the_weights_and_health_is_up_when_listening(model_dir, start_sim):
     sim = start_sim("vllm", model_dir, "--load-rate-mib", "16", "--served-model-name", "k26")
     sim.wait_log("Starting to load model")
-    worker = wait_until(lambda: [p for p in sim.tree() if proc_field(p, "comm") == "VLLM::Worker"], what="worker")[0]
+    worker = until("worker", lambda: [p for p in sim.tree() if proc_field(p, "comm") == "VLLM::Worker"], 15, LOOK)[0]
     core = [p for p in sim.tree() if proc_field(p, "comm") == "VLLM::EngineCor"][0]
     assert worker in descendants(core) and core in descendants(sim.proc.pid)
     first = proc_field(worker, "read_bytes")
-    wait_until(lambda: proc_field(worker, "read_bytes") > first + 4 * 1024 * 1024, what="read_bytes growth")
+    until("read_bytes growth", lambda: proc_field(worker, "read_bytes") > first + 4 * 1024 * 1024, 15, LOOK)
     assert not port_open(sim.port)  # bound early but not listening
     sim.wait_log("Application startup complete.")
-    wait_until(lambda: port_open(sim.port), what="listening")
+    until("listening", lambda: port_open(sim.port), 15, LOOK)
     assert http(sim.url + "/health")[0] == 200
     assert http(sim.url + "/v1/models")[1]["data"][0]["id"] == "k26"
     code, body = http(sim.url + "/v1/chat/completions",
@@ -232,7 +227,7 @@ def test_a_held_load_pauses_before_its_last_shard_until_its_file_is_removed(mode
     sim.wait_log("Completed | 7/8")
     # Rank 0 draws the bar; on a busy machine rank 1 may still be reading shard 7. Once both are
     # held, nothing moves: wait for that moment instead of guessing how long it takes.
-    wait_until(lambda: activity_over(sim, 0.5)[1] == 0, timeout=60, what="both ranks held (no more reads)")
+    until("both ranks held (no more reads)", lambda: activity_over(sim, 0.5)[1] == 0, 60, LOOK)
     ticks, reads, output = activity_over(sim, 1.5)
     assert ticks <= 5 and reads == 0 and output == 0
     assert "8/8" not in sim.log() and "Load weight end" not in sim.log()
@@ -240,7 +235,7 @@ def test_a_held_load_pauses_before_its_last_shard_until_its_file_is_removed(mode
     # Rank 0's own end: it follows its bar's last line (rank 1, which draws none, may end first).
     sim.wait_log("TP0] Load weight end.")
     assert "Completed | 8/8" in sim.log()
-    wait_until(lambda: port_open(sim.port), what="listening after the release")
+    until("listening after the release", lambda: port_open(sim.port), 15, LOOK)
 
 
 def test_silent_init_burns_cpu_without_output(model_dir, start_sim):
@@ -257,7 +252,7 @@ def test_silent_init_burns_cpu_without_output(model_dir, start_sim):
 def test_vllm_stopped_worker_keeps_health_but_completions_hang(model_dir, start_sim):
     sim = start_sim("vllm", model_dir)
     sim.wait_log("Application startup complete.")
-    wait_until(lambda: port_open(sim.port), what="listening")
+    until("listening", lambda: port_open(sim.port), 15, LOOK)
     worker = [p for p in sim.tree() if proc_field(p, "comm") == "VLLM::Worker"][0]
     os.kill(worker, signal.SIGSTOP)
     try:
@@ -282,7 +277,7 @@ def test_port_conflict_is_errno_98(model_dir, start_sim):
 def test_api_key_guards_v1_but_not_health(model_dir, start_sim):
     sim = start_sim("vllm", model_dir, env={"MODELWAKE_API_KEY": "s3cret-key"})
     sim.wait_log("Application startup complete.")
-    wait_until(lambda: port_open(sim.port), what="listening")
+    until("listening", lambda: port_open(sim.port), 15, LOOK)
     assert http(sim.url + "/health")[0] == 200
     assert http(sim.url + "/v1/models")[0] == 401
     assert http(sim.url + "/v1/models", headers={"Authorization": "Bearer wrong"})[0] == 401
@@ -295,19 +290,19 @@ def test_sigterm_leaves_no_process_and_no_holder(model_dir, tmp_path, start_sim)
     sim = start_sim("vllm", model_dir, "--tp", "2", "--fake-gpus", "--load-rate-mib", "8",
                     env={"MODELWAKE_FAKE_GPU_DIR": str(gpu_dir)})
     sim.wait_log("Starting to load model")
-    tree = wait_until(lambda: len(sim.tree()) >= 3 and sim.tree(), what="tree")
-    wait_until(lambda: len([n for n in os.listdir(str(gpu_dir)) if n.startswith("holder-")]) == 2, what="holders")
+    tree = until("tree", lambda: len(sim.tree()) >= 3 and sim.tree(), 15, LOOK)
+    until("holders", lambda: len([n for n in os.listdir(str(gpu_dir)) if n.startswith("holder-")]) == 2, 15, LOOK)
     # Mid-load the scripted GPUs show memory climbing: above the CUDA context, below the weights.
     def first_two():
         values = [int(v) for v in smi(str(gpu_dir), "--query-gpu=memory.used",
                                       "--format=csv,noheader,nounits").split()[:2]]
         return values if all(v > 512 for v in values) else None
 
-    used = wait_until(first_two, what="memory climbing")
+    used = until("memory climbing", first_two, 15, LOOK)
     assert all(v < 76000 * 0.8 for v in used)
     sim.proc.send_signal(signal.SIGTERM)
     assert sim.wait_exit() == 0
-    wait_until(lambda: not any(os.path.exists("/proc/%d" % p) for p in tree), timeout=5, what="tree gone")
+    until("tree gone", lambda: not any(os.path.exists("/proc/%d" % p) for p in tree), 5, LOOK)
     assert [n for n in os.listdir(str(gpu_dir)) if n.startswith("holder-")] == []
 
 
@@ -338,7 +333,7 @@ def test_nvidia_smi_reports_the_sims_gpus_and_ignores_dead_holders(model_dir, tm
 def test_vllm_hang_after_ready_keeps_health_but_completions_never_answer(model_dir, start_sim):
     sim = start_sim("vllm", model_dir, "--fault", "hang:ready", "--fault-after", "0.5")
     sim.wait_log("Application startup complete.")
-    wait_until(lambda: port_open(sim.port), what="listening")
+    until("listening", lambda: port_open(sim.port), 15, LOOK)
     time.sleep(1.5)  # past --fault-after plus one serving-loop wake-up
     assert http(sim.url + "/health")[0] == 200
     with pytest.raises(socket.timeout):

@@ -21,7 +21,8 @@ import shutil
 
 import pytest
 
-from guesthost import ROOT, GuestHost, Timed, until, verdict_msg, verdicts
+from tests.helpers import ROOT, until
+from tests.helpers.guesthost import GuestHost, Timed, verdict_msg, verdicts
 
 HOST = "vllm-cpu"  # the inventory's host name; the catalog entry chooses what it runs
 VM = GuestHost("mws", os.path.join(ROOT, "inventories", "vllm-cpu"), HOST)

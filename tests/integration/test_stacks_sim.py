@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from simharness import SimRunner, make_model
-from test_module_sim import REACHED, attached, module
+from tests.helpers.simharness import SimRunner, make_model
+from tests.integration.test_module_sim import REACHED, attached, module
 
 pytestmark = pytest.mark.slow
 

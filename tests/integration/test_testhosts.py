@@ -12,10 +12,7 @@ import subprocess
 
 import pytest
 
-from guesthost import until
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TOOL = os.path.join(ROOT, "tools", "testhosts")
+from tests.helpers import TESTHOSTS as TOOL, until
 NETWORK = ipaddress.ip_network("10.213.77.0/24")
 
 pytestmark = pytest.mark.slow

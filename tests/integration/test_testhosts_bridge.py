@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from test_testhosts import tool
+from tests.integration.test_testhosts import tool
 
 pytestmark = pytest.mark.slow
 

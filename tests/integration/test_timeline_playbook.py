@@ -5,9 +5,9 @@ import shutil
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
-FIXTURE = os.path.join(ROOT, "tests", "fixtures", "timeline", "sglang-start.jsonl")
+from tests.helpers import ANSIBLE_PLAYBOOK as PLAYBOOK, FIXTURES, ROOT
+
+FIXTURE = os.path.join(FIXTURES, "timeline", "sglang-start.jsonl")
 ENV = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
 
 

@@ -23,8 +23,9 @@ import time
 
 import pytest
 
-from guesthost import ROOT, PlayOutput, Timed, guest_vars, host_tool, until, verdicts
 from modelwake_runner.cli import run_playbook
+from tests.helpers import ROOT, until
+from tests.helpers.guesthost import PlayOutput, Timed, guest_vars, host_tool, verdicts
 
 GROUP = "sim_pair"
 NODES = ["pair-node0", "pair-node1"]

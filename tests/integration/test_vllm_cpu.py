@@ -11,7 +11,8 @@ import shutil
 
 import pytest
 
-from realengine import vllm_cpu, vllm_python  # noqa: F401 (pytest fixtures)
+from tests.helpers.realengine import vllm_python  # noqa: F401 (pytest fixture)
+from tools import vllm_cpu
 
 pytestmark = pytest.mark.slow
 

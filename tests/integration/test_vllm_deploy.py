@@ -32,10 +32,9 @@ import sys
 
 import pytest
 
-from guesthost import RESTART_WAIT, ROOT, GuestHost, Timed, report, until, verdict_msg, verdicts
-
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-import vllm_cpu  # noqa: E402  (needs tools/ on sys.path)
+from tests.helpers import ROOT, until
+from tests.helpers.guesthost import RESTART_WAIT, GuestHost, Timed, report, verdict_msg, verdicts
+from tools import vllm_cpu
 
 HOST = "vllm-cpu"  # the inventory's host name
 VM = GuestHost("mwv", os.path.join(ROOT, "inventories", "vllm-cpu"), HOST)

@@ -6,7 +6,8 @@ import os
 import pytest
 from ansible.errors import AnsibleError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import ROOT
+
 SPEC = importlib.util.spec_from_file_location(
     "wait_for_model_ready_action", os.path.join(ROOT, "plugins", "action", "wait_for_model_ready.py"))
 action = importlib.util.module_from_spec(SPEC)

@@ -1,13 +1,7 @@
 """bench/report.py: which verdicts are wrong, how late, which targets are met, and the report it writes."""
-import os
-import sys
-
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-
-import report  # noqa: E402
+from bench import report
 
 
 @pytest.mark.parametrize("scenario, approach, said, t, truth, wrong, why", [

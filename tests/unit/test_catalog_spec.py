@@ -12,7 +12,7 @@ import yaml
 
 from ansible_collections.modelwake.serving.plugins.lookup.catalog_entry_problems import CATALOG, entry_problems
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import ROOT
 ROLES = ["gpu_preflight", "inference_env", "model_service"]
 # role_var: "{{ modelwake_deploy.KEY | default(FALLBACK) }}" (or without the default)
 MAPPING = re.compile(r"^(\w+): \"\{\{ modelwake_deploy\.(\w+)(?: \| default\((.*)\))? \}\}\"$")

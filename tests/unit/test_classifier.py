@@ -8,7 +8,7 @@ import pytest
 from ansible_collections.modelwake.serving.plugins.lookup.launcher_sources import MODULE_UTILS, closure
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Classifier
 
-from traces import (K26_EXPECTED_BYTES, MIB, SGLANG_PREFIX, Trace, config, hang, http, k26_start,
+from tests.helpers.traces import (K26_EXPECTED_BYTES, MIB, SGLANG_PREFIX, Trace, config, hang, http, k26_start,
                     phases_seen, replay, vllm_cpu_start, vllm_prefix)
 
 

@@ -2,7 +2,7 @@
 from ansible_collections.modelwake.serving.plugins.module_utils.host import procfs
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.peers import PeerTracker
 
-from traces import MIB, SGLANG_PREFIX, Trace, config, http, replay
+from tests.helpers.traces import MIB, SGLANG_PREFIX, Trace, config, http, replay
 
 PEERS = {"k26-node1": ["10.213.77.12"]}
 NODE1 = "10.213.77.12:40312>50000"

@@ -13,9 +13,10 @@ from ansible_collections.modelwake.serving.plugins.module_utils.host import logs
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Classifier
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.snapshot import Snapshot
 
-from traces import config, http, phases_seen
+from tests.helpers import FIXTURES
+from tests.helpers.traces import config, http, phases_seen
 
-TRACES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "traces")
+TRACES = os.path.join(FIXTURES, "traces")
 
 
 def recorded(case):

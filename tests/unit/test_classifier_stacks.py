@@ -14,7 +14,7 @@ from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classi
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.snapshot import Snapshot
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.spin import STACKS_CPU_SHARE, SpinTracker
 
-from traces import SGLANG_PREFIX, config, http
+from tests.helpers.traces import SGLANG_PREFIX, config, http
 
 RANKS = (201, 202)
 API = 200

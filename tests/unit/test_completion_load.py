@@ -6,14 +6,7 @@ from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.modelwake.serving.plugins.modules import completion_load
-
-
-class AnsibleFailJson(Exception):
-    pass
-
-
-def fail_json(self, msg, **kwargs):
-    raise AnsibleFailJson(dict(kwargs, msg=msg, failed=True))
+from tests.helpers.modules import AnsibleFailJson, fail_json
 
 
 def test_the_api_key_is_no_log():

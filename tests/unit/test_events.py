@@ -5,8 +5,9 @@ import json
 import os
 
 from modelwake_runner.events import Events
+from tests.helpers import FIXTURES
 
-FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "runner", "deploy-events.jsonl")
+FIXTURE = os.path.join(FIXTURES, "runner", "deploy-events.jsonl")
 WAIT = "modelwake.serving.wait_for_model_ready"
 
 

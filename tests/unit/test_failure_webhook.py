@@ -15,12 +15,9 @@ import pytest
 
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher import launch
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.phases import FAILED, STALLED, TIMEOUT
+from tests.helpers import ROOT, launcher_package
+from tests.helpers.http_server import Server
 
-from test_http_probe import Server
-
-import launcher_package
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "roles", "model_service", "files", "modelwake-notify-failure")
 TOKEN = "whk-3c1d9e-secret"
 

@@ -12,7 +12,7 @@ import pytest
 
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness import follow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import ROOT, poll
 
 # /health answers 503 until `ready_after` seconds have passed, then 200; the port on stdout.
 SERVER = r"""
@@ -84,10 +84,7 @@ def alive(pid):
 
 
 def gone_within(pid, seconds):
-    deadline = time.monotonic() + seconds
-    while alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not alive(pid)
+    return poll(lambda: not alive(pid), seconds, 0.1)
 
 
 def test_the_module_returns_at_once_and_the_wait_goes_on_in_a_private_detached_process(server):

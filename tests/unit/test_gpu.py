@@ -1,7 +1,6 @@
 """GPU readers: NVML through ctypes against a fake libnvidia-ml.so.1 (tests/fakes/fake_nvml.c), the
 faked NVML calls (tests/fakes/nvml_api.py) and a scripted nvidia-smi on PATH."""
 import ctypes
-import importlib.util
 import json
 import os
 import stat
@@ -13,9 +12,9 @@ import pytest
 from ansible_collections.modelwake.serving.plugins.module_utils.host import gpu, nvml
 from ansible_collections.modelwake.serving.plugins.module_utils.common.command import run_command
 
-FAKES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fakes")
-sys.path.insert(0, FAKES)
-import fake_nvml  # noqa: E402  (tests/fakes: builds the fake library)
+from tests.fakes import fake_nvml  # builds the fake library
+from tests.helpers import FAKES, ROOT
+from tests.helpers.fakes import fresh_nvml_api
 
 
 @pytest.fixture(scope="session")
@@ -139,7 +138,7 @@ def test_the_binding_finds_the_library_as_the_loader_does(fake_library, gpu_dir)
             "reader = gpu.GpuReader()\nprint([g['uuid'] for g in reader.read()], reader.backend)\n")
     env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(fake_library), PATH="/usr/bin:/bin")
     out = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, universal_newlines=True,
-                         check=True, cwd=os.path.dirname(os.path.dirname(FAKES))).stdout
+                         check=True, cwd=ROOT).stdout
     assert out.strip() == "['GPU-aaa', 'GPU-bbb'] nvml", out
 
 
@@ -147,10 +146,7 @@ def test_the_binding_finds_the_library_as_the_loader_does(fake_library, gpu_dir)
 
 @pytest.fixture
 def fake_calls():
-    spec = importlib.util.spec_from_file_location("nvml_api", os.path.join(FAKES, "nvml_api.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return fresh_nvml_api()
 
 
 DEVICES = [

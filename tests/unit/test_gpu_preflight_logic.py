@@ -4,24 +4,20 @@ GPUs come from the faked NVML calls (tests/fakes/nvml_api.py); /proc is a direct
 the test, so PIDs, users and cgroups are exactly the ones described here. No sleeping: the read
 rate is measured with an injected clock.
 """
-import importlib.util
 import os
 
 import pytest
 
 from ansible_collections.modelwake.serving.plugins.module_utils.preflight import holders, modeldir
 from ansible_collections.modelwake.serving.plugins.module_utils.host.gpu import GpuReader
+from tests.helpers.fakes import fresh_nvml_api
 
-FAKES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fakes")
 MIB = 1024 * 1024
 
 
 @pytest.fixture
 def nvml():
-    spec = importlib.util.spec_from_file_location("nvml_api", os.path.join(FAKES, "nvml_api.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return fresh_nvml_api()
 
 
 def write_proc(root, pid, cmdline, uid=0, cgroup="0::/user.slice/user-0.slice/session-3.scope\n"):

@@ -14,8 +14,7 @@ from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch 
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.notify import Notifier
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.waiter import wait_for_ready
 
-from test_waiter import FakeClock, ReplayProbe
-from traces import K26_EXPECTED_BYTES, MIB, config, http, k26_start
+from tests.helpers.traces import K26_EXPECTED_BYTES, MIB, FakeClock, ReplayProbe, config, http, k26_start
 
 def test_prometheus_text_has_one_gauge_per_phase_and_the_load_numbers():
     verdict = Verdict(phase="loading", msg="", bytes_read=1234, fraction=0.5, eta=60.0, since=10.0)
@@ -131,7 +130,7 @@ def test_a_k26_start_tells_systemd_each_phase_extends_while_progressing_and_read
 def test_a_hang_stops_the_extensions_and_never_says_ready(receiver):
     """Loading progresses for 100 s, then nothing moves: no EXTEND after the last progress, the
     stalled verdict as the last status, no READY=1."""
-    from traces import Trace
+    from tests.helpers.traces import Trace
 
     trace = Trace()
     story = {}

@@ -21,8 +21,8 @@ from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch 
     parse_args)
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.notify import Notifier
 
-from test_http_probe import SECRET, Server
-from test_launcher import receiver  # noqa: F401 (a fixture: the test's own notify socket)
+from tests.helpers.http_server import SECRET, Server
+from tests.unit.test_launcher import receiver  # noqa: F401 (a fixture: the test's own notify socket)
 
 HEALTH = ("GET", "/health")
 

@@ -11,9 +11,9 @@ import pytest
 from ansible_collections.modelwake.serving.plugins.module_utils.host import procfs, systemd
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.probe import HostProbe
 
-from loopback import closed_port
-from test_probe import fake_nvml  # noqa: F401 (pytest fixture)
-from traces import config, http, replay, Trace
+from tests.helpers.network import free_port as closed_port
+from tests.helpers.traces import config, http, replay, Trace
+from tests.unit.test_probe import fake_nvml  # noqa: F401 (pytest fixture)
 
 UNIT = "sglang-k26.service"
 

@@ -23,10 +23,9 @@ import sys
 import pytest
 import yaml
 
-import launcher_package
 from ansible_collections.modelwake.serving.plugins.lookup.launcher_sources import closure
+from tests.helpers import ROOT, launcher_package
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODULE_UTILS = os.path.join(ROOT, "plugins", "module_utils")
 FQCN_UTILS = "ansible_collections.modelwake.serving.plugins.module_utils"
 ALLOWED = {

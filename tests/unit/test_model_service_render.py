@@ -17,8 +17,7 @@ import pytest
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch import prometheus_text
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.verdict import Verdict
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
+from tests.helpers import ANSIBLE_PLAYBOOK as PLAYBOOK, ROOT
 VENV = "/opt/modelwake/venv"
 SECRET = "sk-modelwake-test-7f3a9c"
 

@@ -10,10 +10,10 @@ import time
 import pytest
 import yaml
 from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.modelwake.serving.plugins.module_utils.host.systemd import parse_show
 from ansible_collections.modelwake.serving.plugins.modules import model_service_restart_pending as module
+from tests.helpers.modules import call_main, patch_exits
 
 UNIT = "sglang-k26.service"
 # The host's clocks: wall time 1_000_000 s, monotonic 5_000 s (the service started at monotonic 4_000).
@@ -88,22 +88,6 @@ def test_path_mtimes_expands_patterns_and_skips_missing_paths(tmp_path):
     assert found == [(str(unit), 1000.0), (str(site), os.stat(str(site)).st_mtime)]
 
 
-class AnsibleExitJson(Exception):
-    pass
-
-
-class AnsibleFailJson(Exception):
-    pass
-
-
-def exit_json(self, **kwargs):
-    raise AnsibleExitJson(kwargs)
-
-
-def fail_json(self, msg, **kwargs):
-    raise AnsibleFailJson(dict(kwargs, msg=msg, failed=True))
-
-
 def run_module(monkeypatch, args, answer):
     """main() with `systemctl show` scripted: answer is (rc, stdout, stderr)."""
     calls = []
@@ -112,13 +96,9 @@ def run_module(monkeypatch, args, answer):
         calls.append(argv)
         return answer
 
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+    patch_exits(monkeypatch)
     monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
-    with patch_module_args(args):
-        with pytest.raises((AnsibleExitJson, AnsibleFailJson)) as info:
-            module.main()
-    return info.value.args[0], calls
+    return call_main(module.main, args), calls
 
 
 def test_main_finds_a_unit_file_written_after_the_start(monkeypatch, tmp_path):

@@ -6,43 +6,19 @@ import sys
 
 import pytest
 import yaml
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.modelwake.serving.plugins.modules import wait_for_model_ready as module
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.config import WaitConfig, build_config
-
-
-class AnsibleExitJson(Exception):
-    pass
-
-
-class AnsibleFailJson(Exception):
-    pass
-
-
-def exit_json(self, **kwargs):
-    kwargs.setdefault("changed", False)
-    raise AnsibleExitJson(kwargs)
-
-
-def fail_json(self, msg, **kwargs):
-    kwargs["failed"] = True
-    kwargs["msg"] = msg
-    raise AnsibleFailJson(kwargs)
+from tests.helpers.modules import AnsibleExitJson, AnsibleFailJson, call_main, patch_exits
 
 
 @pytest.fixture(autouse=True)
 def patched_module(monkeypatch):
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+    patch_exits(monkeypatch)
 
 
 def run(args, expect=AnsibleExitJson):
-    with patch_module_args(args):
-        with pytest.raises(expect) as info:
-            module.main()
-    return info.value.args[0]
+    return call_main(module.main, args, expect)
 
 
 SERVER = r"""

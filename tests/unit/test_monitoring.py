@@ -17,13 +17,13 @@ from ansible_collections.modelwake.serving.plugins.module_utils.readiness.verdic
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.phases import (FAILED, NOT_STARTED, PHASES,
                                                                                          TERMINAL)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import ANSIBLE_PLAYBOOK as PLAYBOOK, ROOT
+
 MONITORING = os.path.join(ROOT, "monitoring")
 ALERTS = os.path.join(MONITORING, "alerts.yml")
 ALERT_TESTS = os.path.join(MONITORING, "alerts.test.yml")
 DASHBOARD = os.path.join(MONITORING, "modelwake-dashboard.json")
 PROMTOOL = "/usr/bin/promtool"
-PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
 WALL_START = 1764480000.0
 UNIT = "sglang-k26.service"
 # Metric names in PromQL: a word that starts with a letter and may hold colons (sglang:num_running_reqs).

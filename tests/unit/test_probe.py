@@ -1,5 +1,4 @@
 """HostProbe gathers a real snapshot: a real server process, its log file, its port; systemd scripted."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,10 +10,10 @@ from ansible_collections.modelwake.serving.plugins.module_utils.host import proc
 from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import InputError
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.probe import HostProbe
 
-from loopback import closed_port
-from traces import config
+from tests.helpers.fakes import fresh_nvml_api
+from tests.helpers.network import free_port as closed_port
+from tests.helpers.traces import config
 
-FAKES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fakes")
 
 # A tiny server: listens, answers /health 503 like SGLang warming up, logs a line, tells its port.
 SERVER = r"""
@@ -36,9 +35,7 @@ srv.serve_forever()
 
 @pytest.fixture
 def fake_nvml():
-    spec = importlib.util.spec_from_file_location("nvml_api", os.path.join(FAKES, "nvml_api.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = fresh_nvml_api()
     module.configure([{"uuid": "GPU-0", "memory_used_mib": 1024, "memory_total_mib": 97887, "utilization": 3}])
     return module
 

@@ -5,7 +5,8 @@ import shutil
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import ROOT
+
 SECTION = "failed before passing on a rerun"
 
 FLAKY = '''

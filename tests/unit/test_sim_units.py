@@ -4,19 +4,16 @@ import importlib.util
 import json
 import os
 import struct
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "engines", "sim"))
-
-from modelwake_sim import __main__ as cli  # noqa: E402
-from modelwake_sim import faults, logs, model, safetensors, textgen  # noqa: E402
+from modelwake_sim import __main__ as cli  # engines/sim: on sys.path by pytest.ini
+from modelwake_sim import faults, logs, model, safetensors, textgen
+from tests.helpers import FAKES
 
 
 def load_nvidia_smi():
-    path = os.path.join(ROOT, "tests", "fakes", "nvidia-smi")
+    path = os.path.join(FAKES, "nvidia-smi")
     loader = importlib.machinery.SourceFileLoader("fake_nvidia_smi", path)
     spec = importlib.util.spec_from_loader("fake_nvidia_smi", loader)
     module = importlib.util.module_from_spec(spec)

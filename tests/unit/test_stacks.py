@@ -12,8 +12,9 @@ import pytest
 
 from ansible_collections.modelwake.serving.plugins.module_utils.host import stacks
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.stack_summary import summarize
+from tests.helpers import FIXTURES, ROOT
 
-FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "stacks",
+FIXTURE = os.path.join(FIXTURES, "stacks",
                        "sglang-spin-tp2.json")
 
 
@@ -148,7 +149,7 @@ def test_unranked_processes_are_named_by_title_and_pid_and_ranges_compress():
 def test_one_py_spy_release_everywhere():
     """The reader is tested with one py-spy release: the controller's, the role's and the wheelhouse's."""
     import yaml
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = ROOT
     pin = "py-spy==%s" % stacks.PY_SPY_VERSION
     with open(os.path.join(root, "requirements.txt")) as handle:
         assert pin in handle.read().split()

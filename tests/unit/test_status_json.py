@@ -8,7 +8,7 @@ import yaml
 from ansible_collections.modelwake.serving.plugins.modules import wait_for_model_ready
 from modelwake_runner.events import LOOK_KEYS, VERDICT_KEYS
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import ROOT
 
 
 def status_keys():

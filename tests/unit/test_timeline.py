@@ -2,16 +2,13 @@
 real simulated engine), and the PNG/HTML it renders from it."""
 import json
 import os
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
+from tests.helpers import FIXTURES
+from tools import timeline
 
-import timeline  # noqa: E402
-
-FIXTURE = os.path.join(ROOT, "tests", "fixtures", "timeline", "sglang-start.jsonl")
+FIXTURE = os.path.join(FIXTURES, "timeline", "sglang-start.jsonl")
 MIB = 1024.0 * 1024.0
 
 

@@ -1,11 +1,9 @@
 """tools/vllm_cpu.py's cache bookkeeping: which wheel is which requirement, when a cache is complete."""
 import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools"))
-import vllm_cpu  # noqa: E402  (needs tools/ on sys.path)
+from tools import vllm_cpu
 
 
 @pytest.mark.parametrize("filename, requirement", [

@@ -5,37 +5,7 @@ import pytest
 
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.waiter import wait_for_ready
 
-from traces import MIB, Trace, config, http, vllm_prefix
-
-
-class FakeClock(object):
-    def __init__(self):
-        self.now = 1000.0  # monotonic clocks do not start at 0
-        self.sleeps = []
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        assert seconds >= 0
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
-class ReplayProbe(object):
-    """Answers snapshot(t) from a story function; each look costs `cost` seconds of the clock."""
-
-    def __init__(self, clock, story, cost=0.0):
-        self.clock = clock
-        self.story = story
-        self.cost = cost
-        self.trace = Trace(pids=(100, 200, 300))
-        self.looks = []
-
-    def snapshot(self, t, remaining=None, stacks=False):
-        self.looks.append((t, remaining))
-        self.clock.now += self.cost
-        return self.story(self.trace, t)
+from tests.helpers.traces import MIB, FakeClock, ReplayProbe, Trace, config, http, vllm_prefix
 
 
 def twenty_minute_start(trace, t):

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import zipfile
 
-HOOK_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools")
+from tests.helpers import TOOLS as HOOK_DIR
 
 MODULE = b'''\
 def answer(x):

@@ -14,10 +14,7 @@ import tempfile
 import time
 
 from modelwake_runner.cli import run_playbook
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TESTHOSTS = os.path.join(ROOT, "tools", "testhosts")
-BIN = os.path.join(ROOT, ".venv", "bin")
+from tests.helpers.paths import ANSIBLE, ROOT, SIM_PATH, TESTHOSTS
 
 
 def host_tool(*args, check=True, timeout=600):
@@ -28,17 +25,6 @@ def host_tool(*args, check=True, timeout=600):
     return proc.stdout.strip()
 
 
-def until(what, predicate, timeout=300, interval=0.5):
-    """Poll predicate() until it returns something true; fail naming what was awaited."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("%s: not seen within %d s" % (what, timeout))
-
-
 def guest_vars(key):
     """What a test's own inventory of guests sets for all of them: SSH as root with the tool's key,
     the guest's Python, and the simulated engine's test-only settings, as inventories/demo has them."""
@@ -47,7 +33,7 @@ def guest_vars(key):
         "ansible_ssh_private_key_file": key,
         "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
         "ansible_python_interpreter": "/usr/bin/python3",
-        "inference_env_sim_source": os.path.join(ROOT, "engines", "sim"),
+        "inference_env_sim_source": SIM_PATH,
         "inference_env_controller_cache": os.environ.get("MODELWAKE_CACHE") or os.path.expanduser("~/.cache/modelwake"),
     }
 
@@ -186,7 +172,7 @@ class GuestHost(object):
 
     def wait(self, **args):
         """wait_for_model_ready run ad hoc on the guest by real Ansible; returns its result dict."""
-        argv = [os.path.join(BIN, "ansible"), "-i", self.inventory, "-i", self.override, self.host, "-o",
+        argv = [ANSIBLE, "-i", self.inventory, "-i", self.override, self.host, "-o",
                 "-m", "wait_for_model_ready", "-a", json.dumps(args)]
         proc = subprocess.run(argv, cwd=ROOT, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               universal_newlines=True, timeout=900)

@@ -1,4 +1,5 @@
-"""Building replayed snapshot traces for the classifier and waiter tests.
+"""Building replayed snapshot traces for the classifier, waiter and launcher tests, and the fake
+clock and probe that replay them through the polling core without sleeping.
 
 A Trace integrates rates into the cumulative counters a real /proc would show (CPU seconds,
 read_bytes), so a case reads like the story it replays: "from t=20 to t=920 the tree reads
@@ -178,3 +179,35 @@ def hang(stall_timeout, poll, until):
         yield trace.step(t, cpu=0.0, gpu_mem=[1500] * 2, gpu_util=[100] * 2, lines=lines,
                          states={300: "T"}, http_result=http("refused"))
         t += poll
+
+
+class FakeClock(object):
+    """The monotonic clock and the sleep the polling core is given: sleeping only moves the clock."""
+
+    def __init__(self):
+        self.now = 1000.0  # monotonic clocks do not start at 0
+        self.sleeps = []
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        assert seconds >= 0
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+class ReplayProbe(object):
+    """Answers snapshot(t) from a story function; each look costs `cost` seconds of the clock."""
+
+    def __init__(self, clock, story, cost=0.0):
+        self.clock = clock
+        self.story = story
+        self.cost = cost
+        self.trace = Trace(pids=(100, 200, 300))
+        self.looks = []
+
+    def snapshot(self, t, remaining=None, stacks=False):
+        self.looks.append((t, remaining))
+        self.clock.now += self.cost
+        return self.story(self.trace, t)

@@ -4,18 +4,14 @@ The heavy lifting (wheelhouse, venv, model, command line) lives in tools/vllm_cp
 line, the bench and the tests share one implementation. Real vLLM starts are made on a test host,
 through the whole deploy (tests/integration/test_vllm_deploy.py); here only the cached venv:
 
-    from realengine import vllm_cpu, vllm_python  # noqa: F401 (pytest fixtures)
+    from tests.helpers.realengine import vllm_python  # noqa: F401 (pytest fixture)
 """
-import os
 import platform
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-
-import vllm_cpu  # noqa: E402  (needs tools/ on sys.path)
+from tools import vllm_cpu
 
 
 @pytest.fixture(scope="session")

@@ -5,20 +5,14 @@ and `SimRunner.stop_all()` kills each group by its id whatever the test's outcom
 """
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SIM_PATH = os.path.join(ROOT, "engines", "sim")
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.helpers.network import free_port
+from tests.helpers.paths import SIM_PATH
+from tests.helpers.waiting import poll
 
 
 def sim_env(extra=None):
@@ -79,13 +73,9 @@ class Sim(object):
             return fileobj.read()
 
     def wait_log(self, text, timeout=30):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if text in self.log():
-                return
-            if self.proc.poll() is not None and text not in self.log():
-                break
-            time.sleep(0.05)
+        """Until the engine logs text; fails at the deadline or once the engine has exited without it."""
+        if poll(lambda: text in self.log(), timeout, stop=lambda: self.proc.poll() is not None):
+            return
         raise AssertionError("%r not logged within %ss; log:\n%s" % (text, timeout, self.log()[-3000:]))
 
     def wait_exit(self, timeout=30):

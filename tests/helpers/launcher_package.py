@@ -8,8 +8,8 @@ import os
 import shutil
 
 from ansible_collections.modelwake.serving.plugins.lookup.launcher_sources import MODULE_UTILS, closure
+from tests.helpers.paths import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROLE_FILES = os.path.join(ROOT, "roles", "model_service", "files")
 
 

@@ -6,6 +6,8 @@ import threading
 import time
 import uuid
 
+from tests.helpers.waiting import poll
+
 
 class NotifyListener(object):
     def __init__(self):
@@ -41,13 +43,8 @@ class NotifyListener(object):
             return [(t, f.split("=", 1)[1]) for t, fields in self.messages for f in fields if f.startswith(key + "=")]
 
     def wait_for(self, key, timeout, predicate=lambda value: True):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for t, value in self.fields(key):
-                if predicate(value):
-                    return t, value
-            time.sleep(0.05)
-        return None
+        """The first (time, value) of KEY whose value passes predicate, once it arrives; None at the deadline."""
+        return poll(lambda: next(((t, value) for t, value in self.fields(key) if predicate(value)), None), timeout)
 
     def close(self):
         self.running = False

@@ -1,0 +1,1 @@
+"""The unit tests: pure logic, replayed traces, scripted GPUs, no real sleeping."""
