@@ -143,9 +143,7 @@ def descendants(pid):
 def start_hub(directory, repo="modelwake/k26-sim", **options):
     """The simulator's local hub server (modelwake_sim.hub.HubServer) in this process, outside the
     engine's tree: `options` are its rate_mib and stall_after_bytes. Stop it with .stop()."""
-    if SIM_PATH not in sys.path:
-        sys.path.insert(0, SIM_PATH)
-    from modelwake_sim import hub
+    from modelwake_sim import hub  # engines/sim: on the import path by pytest.ini
     return hub.HubServer(directory, repo, **options).start()
 
 

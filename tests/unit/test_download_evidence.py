@@ -6,7 +6,6 @@ rchar stay flat, and nothing grow while the server holds the rest back. The serv
 per release by the test: no sleeping."""
 import hashlib
 import http.server
-import importlib.util
 import os
 import subprocess
 import sys
@@ -16,13 +15,13 @@ import pytest
 
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.probe import HostProbe
 
-from loopback import closed_port
-from traces import config
+from tests.helpers.fakes import fresh_nvml_api
+from tests.helpers.network import free_port as closed_port
+from tests.helpers.traces import config
 
 MIB = 1024 * 1024
 CHUNK = 2 * MIB
 CHUNKS = 4
-FAKES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fakes")
 
 # The engine's download, as huggingface_hub's http_get does it: stream the body into the
 # process-unique .incomplete file, then rename it to the blob. It says after each chunk.
@@ -91,9 +90,7 @@ class PacedServer(object):
 
 @pytest.fixture
 def fake_nvml():
-    spec = importlib.util.spec_from_file_location("nvml_api", os.path.join(FAKES, "nvml_api.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = fresh_nvml_api()
     module.configure([])
     return module
 
