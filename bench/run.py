@@ -309,7 +309,7 @@ def measure_cost(model, work, phase, seconds=300.0, poll=5.0, gpus=8):
     """The module waiting `seconds` on an engine in a long silent phase, at a `poll` s interval with
     live progress on (the action plugin's default interval), `gpus` scripted GPUs read through NVML,
     run by ansible-playbook as operators run it. phase "load": reading the shards with no log line
-    (the story's silent load); "init": a CPU-busy initialisation with nothing else moving, so the
+    (a silent load, as K2.6's long one); "init": a CPU-busy initialisation with nothing else moving, so the
     ranks' stacks are read too (py-spy). Sampled from /proc every 0.1 s: the module's process and
     the wait it leaves on the host (CPU, reaped children, peak RSS); the wait's own split of its CPU
     (its result's `cost`); the controller's reads on the host."""
