@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`make bench`: measure modelwake's claims side by side with the waits people use today.
 
-    .venv/bin/python bench/run.py [--out bench/out] [--only scenarios,cost,throughput,rerun,fanout]
+    .venv/bin/python bench/run.py [--out bench/out] [--only STEP,...] [--report-only]
 
 Writes <out>/results.json, <out>/report.md (bench/report.py) and its pictures. Everything runs on
 loopback or on our own test-host guests, and everything started here is stopped here (engines by
@@ -67,7 +67,7 @@ SCENARIOS = [
     ("hang-ready", "hang:ready", "ready line (the fault fires at once)"),
 ]
 APPROACHES = ("module", "uri", "wait_for")
-STEPS = ("scenarios", "cost", "stacks", "throughput", "rerun", "fanout", "realvllm")
+STEPS = report.STEPS
 
 
 NVML_DIR = os.path.join(HERE, "out", "fake-nvml")
@@ -621,6 +621,7 @@ def main(argv=None):
         with open(results_path) as handle:
             results = json.load(handle)  # steps not run this time keep their last numbers
     results["settings"] = dict(SETTINGS, sim_args=SIM_ARGS, model_mib=MODEL_MIB, model_shards=MODEL_SHARDS)
+    results["steps"] = [step for step in STEPS if step in steps]  # what this run measured: the report says so
     started = time.monotonic()
     results["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
     def save():
