@@ -9,6 +9,8 @@ READY = "ready"
 # The verdict the module must give per scenario; the fixed waits only say ready or give up.
 MODULE_EXPECTS = {"normal": READY, "crash-loading": "failed", "hang-loading": "stalled", "hang-ready": "stalled"}
 EARLY_TOLERANCE = 0.5  # s: the ready line is stamped when read from the pipe, a little after the port opens
+# bench/run.py's steps, in the order it runs them (--only picks some).
+STEPS = ("scenarios", "cost", "stacks", "throughput", "rerun", "fanout", "realvllm")
 
 
 def judge(scenario, approach, said, verdict_t, truth_t, msg=""):
@@ -129,9 +131,12 @@ def _pictures(results, out):
 
 def render(results, pictures):
     settings = results.get("settings", {})
+    steps = results.get("steps")
     lines = ["# modelwake benchmark report", "",
-             "Written by `make bench` (bench/run.py, %s s). Every number below was measured in this run, on a "
-             "2-core machine shared with other jobs (load average %s at the start, %s at the end)." % (
+             "Written by `make bench` (`bench/run.py`; `--only STEP,...` measures those steps again and keeps "
+             "the other sections' last numbers). The last run measured %s in %s s, on a 2-core machine shared "
+             "with other jobs (load average %s at its start, %s at its end)." % (
+                 "every step" if steps is None or set(steps) >= set(STEPS) else "only " + ", ".join(steps),
                  _num(results.get("bench_seconds"), "%.0f"), results.get("load_average_at_start", "?"),
                  results.get("load_average_at_end", "?")), ""]
     lines += ["## Settings", "",

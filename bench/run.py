@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`make bench`: measure modelwake's claims side by side with the waits people use today.
 
-    .venv/bin/python -m bench.run [--out bench/out] [--only scenarios,cost,throughput,rerun,fanout]
+    .venv/bin/python -m bench.run [--out bench/out] [--only STEP,...] [--report-only]
 
 (from the repository root: the bench imports the collection, the tests' helpers and the tools by name).
 
@@ -66,7 +66,7 @@ SCENARIOS = [
     ("hang-ready", "hang:ready", "ready line (the fault fires at once)"),
 ]
 APPROACHES = ("module", "uri", "wait_for")
-STEPS = ("scenarios", "cost", "stacks", "throughput", "rerun", "fanout", "realvllm")
+STEPS = report.STEPS
 
 
 NVML_DIR = os.path.join(HERE, "out", "fake-nvml")
@@ -306,7 +306,7 @@ def measure_cost(model, work, phase, seconds=300.0, poll=5.0, gpus=8):
     """The module waiting `seconds` on an engine in a long silent phase, at a `poll` s interval with
     live progress on (the action plugin's default interval), `gpus` scripted GPUs read through NVML,
     run by ansible-playbook as operators run it. phase "load": reading the shards with no log line
-    (the story's silent load); "init": a CPU-busy initialisation with nothing else moving, so the
+    (a silent load, as K2.6's long one); "init": a CPU-busy initialisation with nothing else moving, so the
     ranks' stacks are read too (py-spy). Sampled from /proc every 0.1 s: the module's process and
     the wait it leaves on the host (CPU, reaped children, peak RSS); the wait's own split of its CPU
     (its result's `cost`); the controller's reads on the host."""
@@ -618,6 +618,7 @@ def main(argv=None):
         with open(results_path) as handle:
             results = json.load(handle)  # steps not run this time keep their last numbers
     results["settings"] = dict(SETTINGS, sim_args=SIM_ARGS, model_mib=MODEL_MIB, model_shards=MODEL_SHARDS)
+    results["steps"] = [step for step in STEPS if step in steps]  # what this run measured: the report says so
     started = time.monotonic()
     results["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
     def save():

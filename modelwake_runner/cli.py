@@ -8,7 +8,12 @@ Exit status: deploy and status 0 when every host ended without a failure and eve
 waited on or looked at is ready, 1 otherwise; stop 0 when the play succeeded; 2 for bad arguments.
 The run's own files (ansible-runner's artifacts: every event, the whole output) stay in
 --artifacts DIR when given, else in a temporary directory removed at the end. Nothing is printed
-but the JSON lines: Ansible's human output is in the artifacts (stdout).
+but the JSON lines: Ansible's human output is in the artifacts (stdout). When the playbook cannot
+start at all (no ansible-playbook, an inventory or playbook Ansible refuses), the `end` object's
+`error` and stderr say why.
+
+The playbooks run with the Ansible installed beside this Python (`.venv/bin/ansible-playbook` for
+`.venv/bin/python`), wherever PATH points: the interpreter's directory comes first on ansible-playbook's PATH.
 """
 import argparse
 import json
@@ -73,6 +78,14 @@ def emit(obj, out=sys.stdout):
     out.flush()
 
 
+def path_with_interpreter_dir(path):
+    """PATH with this interpreter's directory first: ansible-runner starts `ansible-playbook` from PATH,
+    and the one that belongs to this Python (its venv's) is beside it, whether or not the caller's
+    shell has the venv on PATH."""
+    here = os.path.dirname(sys.executable)
+    return os.pathsep.join([here] + [entry for entry in path.split(os.pathsep) if entry and entry != here])
+
+
 def run_playbook(playbook, private_dir, inventories=(), extravars=None, limit=None, on_object=None,
                  timeout=None, env=None):
     """Run a playbook of this checkout through ansible-runner, its record kept in `private_dir`.
@@ -90,6 +103,7 @@ def run_playbook(playbook, private_dir, inventories=(), extravars=None, limit=No
 
     os.makedirs(private_dir, exist_ok=True)
     envvars = dict(env or {}, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    envvars["PATH"] = path_with_interpreter_dir(envvars.get("PATH", os.environ.get("PATH", "")))
     runner = ansible_runner.run(
         private_data_dir=private_dir, project_dir=ROOT, playbook=os.path.join(ROOT, playbook),
         inventory=[os.path.abspath(path) for path in inventories] or None,
@@ -111,7 +125,12 @@ def run(command, inventories=(), extravars=None, limit=None, artifacts=None, out
             ok = runner.rc == 0
         # The last verdict of each host and unit, evidence included: a failed run's last line says why.
         verdicts = [events.verdicts[key] for key in sorted(events.verdicts, key=str)]
-        emit({"event": "end", "status": runner.status, "rc": runner.rc, "ok": ok, "verdicts": verdicts}, out)
+        end = {"event": "end", "status": runner.status, "rc": runner.rc, "ok": ok, "verdicts": verdicts}
+        error = events.why_not_started(runner.rc)
+        if error:
+            end["error"] = error
+            sys.stderr.write("python -m modelwake_runner %s: %s\n" % (command, error))
+        emit(end, out)
         return 0 if ok else 1
     finally:
         if not artifacts:

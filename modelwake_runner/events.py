@@ -17,7 +17,13 @@ A `progress` object is one look of wait_for_model_ready's live progress (its act
 look as an async-poll callback, `runner_on_async_poll` here); a `verdict` is the end of one such wait
 (or one look, for status). What ansible-runner censors for a no_log task stays censored: this reads
 nothing else.
+
+A playbook that never starts (no ansible-playbook to run, a playbook or option Ansible refuses)
+gives no event of its own, only ansible-runner's or Ansible's text: why_not_started() turns that
+text into the reason the `end` object carries.
 """
+import os
+import sys
 
 WAIT_ACTION = "wait_for_model_ready"
 # A look's keys a pipeline may want; the rest of the result (cost, internals) stays out.
@@ -29,6 +35,10 @@ TASK_END = {"runner_on_ok": "ok", "runner_on_failed": "failed", "runner_on_skipp
 ITEM_END = {"runner_item_on_ok": "ok", "runner_item_on_failed": "failed"}
 RECAP_COUNTS = ("ok", "changed", "failures", "dark", "skipped", "rescued", "ignored")
 RECAP_NAMES = {"failures": "failed", "dark": "unreachable"}
+# The text kept from before the playbook started: enough for Ansible's error and its hint.
+UNSTARTED_LINES = 10
+# What ansible-runner says when it cannot execute the command it built.
+NOT_FOUND = "The command was not found or was not executable"
 
 
 def is_wait(data):
@@ -46,10 +56,17 @@ class Events(object):
     def __init__(self):
         self.verdicts = {}  # (host, unit) -> the verdict object last seen
         self.recap = None
+        self.started = False  # whether the playbook itself ran (any event of a play, task or host)
+        self.text_before_start = []  # what was printed before that: the reason it never started
 
     def translate(self, event):
         """The objects one runner event gives (often none)."""
-        kind = event.get("event")
+        kind = event.get("event") or ""
+        if kind.startswith(("playbook_on_", "runner_on_", "runner_item_on_")):
+            self.started = True
+        elif kind == "verbose" and not self.started and (event.get("stdout") or "").strip():
+            lines = self.text_before_start + event["stdout"].strip().splitlines()
+            self.text_before_start = lines[-UNSTARTED_LINES:]
         data = event.get("event_data") or {}
         host = data.get("host")
         if kind == "runner_on_start":
@@ -93,6 +110,19 @@ class Events(object):
             verdict["phase"] = "failed" if failed else None
         self.verdicts[(host, res.get("unit"))] = verdict
         return verdict
+
+    def why_not_started(self, rc):
+        """Why the playbook never started, from ansible-runner's or Ansible's own words and the exit
+        status; None when it started (its failures are then in the events) or ended well."""
+        if self.started or rc == 0:
+            return None
+        said = " ".join(line.strip() for line in self.text_before_start if line.strip())
+        if NOT_FOUND in said or rc == 127:
+            here = os.path.dirname(sys.executable)
+            return ("ansible-playbook did not start (%s): it is looked for beside this Python (%s), then on PATH. "
+                    "Run the toolchain's Python, .venv/bin/python -m modelwake_runner, from the checkout "
+                    "(make venv creates .venv)" % (said or "exit status %s" % rc, here))
+        return "the playbook did not start (exit status %s): %s" % (rc, said or "ansible-playbook printed nothing")
 
     def all_ready(self):
         """Whether the run ended with every host reachable and failing nothing, and every wait's

@@ -80,7 +80,7 @@ def progress_line(host, result, info):
 
 
 def progress_interval(value):
-    """The slice length from the variable's value: a number of seconds, 0 for no progress lines."""
+    """Seconds between progress lines from the variable's value: a number of seconds, 0 for no progress lines."""
     if value is None:
         return DEFAULT_PROGRESS_INTERVAL
     try:

@@ -135,7 +135,7 @@ options:
     default: auto
   stacks_interval:
     description:
-      - The least seconds between two reads of the stacks (each read costs about 15 ms of CPU per
+      - The least seconds between two reads of the stacks (each read costs some tens of ms of CPU per
         Python process). C(0) reads them at every look that saw nothing move but CPU, unless the
         last read cost so much CPU that reading that often would take more than 0.25 % of a core;
         the reads are then spaced to that share, and never more than I(stall_timeout) / 4 apart.

@@ -47,7 +47,7 @@ def gpu_dir(tmp_path):
 
 @pytest.fixture
 def holder_process(gpu_dir):
-    """A real process holding 55000 MiB on GPU 0 in the scripted picture, like the story's stale wrapper."""
+    """A real process holding 55000 MiB on GPU 0 in the scripted picture, like a stale wrapper left from an earlier run."""
     proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "ddtree-qwen-wrapper"],
                             stdin=subprocess.PIPE)
     (gpu_dir / "holder-ddtree.json").write_text(json.dumps(

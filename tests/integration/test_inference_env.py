@@ -4,7 +4,7 @@ What is real: Python venvs, pip, Ansible, the role and its modules, the simulate
 (built from engines/sim by the role). What stands in: the `compressed-tensors`, `torch` and
 `loguru` wheels are small wheels the session fixture builds (tests/helpers/envkit.py);
 each `compressed-tensors` release has exactly the `CompressionFormat` members of the real release
-(engines.md 3.1) and its kind of dependencies (0.16.0 asks for torch >= 2.10, as the real one does;
+(its git tag) and its kind of dependencies (0.16.0 asks for torch >= 2.10, as the real one does;
 0.15.0.2 is deliberately broken). No index is reachable during the runs: pip's configuration is
 ignored and every proxy points at a closed local port.
 
@@ -96,7 +96,7 @@ def assert_ok(run):
     assert run.rc == 0, run.stdout[-4000:]
 
 
-# The wheel bootstrap (no ensurepip) is the story's host: the `repaired` fixture below.
+# The wheel bootstrap (no ensurepip) is the K2.6 host's case: the `repaired` fixture below.
 @pytest.mark.parametrize("case", ["absent-venv", "without-pip-auto", "uv-venv"])
 def test_pip_bootstrap_offline(lab, case, request):
     """A missing venv is created; a venv without pip (--without-pip, or made by uv) gets pip from ensurepip."""
@@ -122,7 +122,7 @@ def test_pip_bootstrap_offline(lab, case, request):
 
 @pytest.fixture(scope="module")
 def repaired(tmp_path_factory, wheelhouses):
-    """The K2.6 host: torch 2.9 + compressed-tensors 0.8.1, no pip and (as the story's Python) no ensurepip
+    """The K2.6 host: torch 2.9 + compressed-tensors 0.8.1, no pip and (like Debian's python3 without python3-venv) no ensurepip
     to be had, an nvfp4 model. The role runs twice with the engine, its version and the model path;
     the rest is the test's plumbing (paths, the offline wheelhouse, which holds no pip wheel)."""
     base = tmp_path_factory.mktemp("repaired")

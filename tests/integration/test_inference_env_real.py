@@ -27,7 +27,7 @@ TORCH = "2.13.0"
 NVFP4 = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
          "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float"}}}}
 # Installed in the starting venv: what the K2.6 engine venv had, plus psutil, which 0.15.0.1 imports
-# without declaring it (engines.md 3.2) and which engine venvs carry anyway.
+# without declaring it (its setup.py) and which engine venvs carry anyway.
 START = ["torch==%s" % TORCH, "compressed-tensors==0.8.1", "psutil"]
 
 

@@ -109,3 +109,40 @@ def test_report_tables_ratios_and_wrong_verdicts(tmp_path):
     assert "| crash within one poll interval (1.0 s) of the process exit | **missed** | worst 2.30 s |" in text
     report.write(results(), str(tmp_path))
     assert (tmp_path / "report.md").read_text() == text  # no scenario has a progress file: no pictures
+
+
+def test_the_header_says_which_steps_the_last_run_measured():
+    data = results()
+    assert "The last run measured every step in " in report.render(data, {})
+    data["steps"] = ["scenarios", "cost"]
+    assert "The last run measured only scenarios, cost in " in report.render(data, {})
+
+
+def every_section():
+    """results() with every step measured: render() writes each of its sections."""
+    data = results()
+    data["realvllm"] = {"status": "measured", "msg": "ready after 35 s",
+                        "phases": [{"phase": "starting", "duration": 23.0}, {"phase": "ready", "duration": 0.0}]}
+    data["stacks"] = {"cost": {"reads": 20, "processes": 9, "cpu_s_per_read": 0.2, "cpu_ms_per_process": 24.0,
+                               "wall_s_per_read": 0.3, "wall_s_max": 0.4},
+                      "verdicts": {"with stacks": {"phase": "stalled", "after_hang_s": 12.0, "msg": "stalled: ..."}},
+                      "stall_timeout": 10, "poll_interval": 1.0}
+    data["throughput"] = {"max_tokens": 64, "token_seconds": 0.025, "levels": [
+        {"concurrency": 1, "tokens_per_s": 39.1, "requests_per_s": 0.61, "latency_p50": 1.6, "latency_p90": 1.6,
+         "latency_p99": 1.6, "errors": 0}]}
+    data["fanout"] = {"status": "measured", "levels": [{"hosts": 1, "wall_s": 12.7, "rc": 0, "failed": 0}]}
+    return data
+
+
+def headings(text):
+    return [line for line in text.splitlines() if line.startswith("#")]
+
+
+def test_the_committed_report_has_the_benchs_sections_in_its_order():
+    # bench/REPORT.md is bench/out/report.md's sections, then the ones measured outside the bench: a new
+    # run's report.md is copied over the first part and must fit it.
+    with open(os.path.join(ROOT, "bench", "REPORT.md")) as handle:
+        committed = handle.read()
+    bench_part = committed.split("\n# Measured outside `make bench`\n")[0]
+    assert headings(bench_part) == headings(report.render(every_section(), {}))
+    assert bench_part.split("\n")[2].startswith("Written by `make bench` (`bench/run.py`; `--only STEP,...` ")

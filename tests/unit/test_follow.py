@@ -157,3 +157,34 @@ def test_parse_read_tells_a_reboot_by_the_boot_id():
     assert follow.parse_read("boot-a gone\n" + last, info)[0] == "gone"
     done = json.dumps({"done": True, "result": {"phase": "ready"}})
     assert follow.parse_read("boot-a gone\n" + done, info)[0] == "done"  # the verdict counts, whoever is left
+
+
+# vLLM's own lines, then the access log's lines of the wait's probes (recorded:
+# tests/fixtures/traces/vllm-kill-worker.log), then SGLang's warm-up's request and the module's.
+ENGINE_LINE = "INFO:     Application startup complete."
+PROBE_LINES = ['INFO:     127.0.0.1:52368 - "GET /health HTTP/1.1" 200 OK',
+               'INFO:     127.0.0.1:52372 - "POST /v1/completions HTTP/1.1" 200 OK',
+               '[2026-11-30 04:41:07] INFO:     127.0.0.1:46884 - "GET /health HTTP/1.1" 503 Service Unavailable']
+
+
+def progress_after(*looks):
+    from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Verdict
+    from ansible_collections.modelwake.serving.plugins.module_utils.readiness.config import build_config
+    from ansible_collections.modelwake.serving.plugins.module_utils.readiness.snapshot import Snapshot
+    config = build_config({"url": "http://127.0.0.1:30001", "pid": os.getpid(), "ready_check": "health",
+                           "timeout": 60, "stall_timeout": 600, "poll_interval": 1, "completion_timeout": 5})
+    progress = follow.Progress(config, 0.0, clock=lambda: 1.0)
+    for t, lines in enumerate(looks):
+        progress.update(Snapshot(t=float(t), log_lines=lines), Verdict(phase="initializing", msg="initializing"))
+    return progress
+
+
+def test_the_quoted_log_line_is_the_engines_own_not_the_probes_access_log():
+    progress = progress_after(["(APIServer pid=4307) INFO 11-30 04:44:27 [launcher.py:195] Route: /health", ENGINE_LINE]
+                              + PROBE_LINES)
+    assert progress.log_line == ENGINE_LINE and progress.info["log_line"] == ENGINE_LINE
+
+
+def test_a_look_with_only_probe_requests_keeps_the_engines_last_line():
+    progress = progress_after([ENGINE_LINE], PROBE_LINES[:1], PROBE_LINES[1:])
+    assert progress.log_line == ENGINE_LINE

@@ -1,4 +1,4 @@
-"""systemctl show parsing, and the engines' marker tables on exact log lines from engines.md."""
+"""systemctl show parsing, and the engines' marker tables on exact log lines the real engines print."""
 import pytest
 
 from ansible_collections.modelwake.serving.plugins.module_utils.host import systemd

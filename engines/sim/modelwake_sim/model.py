@@ -35,7 +35,7 @@ def _weights_scheme(fmt):
         acts = {"num_bits": 4, "type": "float", "symmetric": True, "group_size": 16,
                 "strategy": "tensor_group", "dynamic": "local", "actorder": None, "observer": "minmax"}
     elif fmt == "pack-quantized":
-        # Kimi-K2.6's published scheme: W4A16 INT4, group size 32 (engines.md section 3).
+        # Kimi-K2.6's published scheme: W4A16 INT4, group size 32 (its config.json).
         weights = {"num_bits": 4, "type": "int", "symmetric": True, "group_size": 32,
                    "strategy": "group", "dynamic": False, "actorder": None, "observer": "minmax"}
         acts = None

@@ -1,6 +1,6 @@
 """The one exception hierarchy of modelwake: every clear, user-facing failure is a ModelWakeError, and
 each module's main() maps it to fail_json (the launcher to its exit status). Subclasses live beside the
-code that raises them (SystemdError, NvmlError, PyEnvError, NotifyError, ResumeError, completion_load's LoadError);
+code that raises them (SystemdError, NvmlError, PyEnvError, NotifyError, ShardDamaged, completion_load's LoadError);
 tests/unit/test_layout.py checks that no other exception class is defined."""
 
 

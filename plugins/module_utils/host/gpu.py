@@ -2,8 +2,8 @@
 
 NVML is used when libnvidia-ml.so.1 loads and initialises: one session per reader, the GPUs'
 handles and UUIDs kept after the first read, so a look costs a few C calls per GPU. Otherwise
-`nvidia-smi` answers the same questions (a fork and 15 ms of CPU each on a one-GPU H200 host, against
-0.07 ms for a look's NVML read of 8 GPUs: bench/REPORT.md); with neither (no GPU at
+`nvidia-smi` answers the same questions (a fork and 15 to 17 ms of CPU each on an H200 host, against
+under 0.1 ms for a look's NVML read of 8 GPUs: bench/REPORT.md, "On a real GPU"); with neither (no GPU at
 all, which is normal for tests and CPU engines) the lists are empty. Memory is reported in MiB,
 `used` as nvidia-smi shows it and `free` as what can still be allocated (the driver's reserved
 memory, about 615 MiB of an H200, is in neither); utilisation in percent, or None when the driver

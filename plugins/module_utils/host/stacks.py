@@ -4,7 +4,7 @@ Why py-spy, and how:
 - `py-spy dump --pid N --json --nonblocking` reads the interpreter's frames from outside the
   process (process_vm_readv): nothing runs inside the engine, nothing is installed into it, and
   with --nonblocking the process is never paused, so a SIGSTOPped rank stays stopped and a busy
-  one keeps its pace. It costs about 15 ms of CPU per process (bench/REPORT.md).
+  one keeps its pace. It costs some tens of ms of CPU per process (bench/REPORT.md, "The ranks' stacks").
 - It needs ptrace permission over the target: root, or the same user where Yama's ptrace_scope
   is 0, or CAP_SYS_PTRACE (the launcher's unit grants it where Yama asks for it).
 - Where py-spy is: the `py_spy` option (a path, or "off"); by default next to the engine's

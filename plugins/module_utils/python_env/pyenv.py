@@ -11,7 +11,7 @@ import re
 from ..common.errors import ModelWakeError
 
 # compressed-tensors `CompressionFormat` values and the first release that has each member
-# (engines.md section 3.1, computed from the project's git tags).
+# (the first of compressed-tensors' git tags whose CompressionFormat has it).
 FORMAT_MIN_VERSION = {
     "dense": "0.4.0",
     "int-quantized": "0.4.0",

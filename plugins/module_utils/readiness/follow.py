@@ -1,13 +1,14 @@
-"""One process per wait, followed over the connection: live progress without a module per slice.
+"""One process per wait, followed over the connection: live progress without a module run per line.
 
-A module cannot print while it runs, and starting a module again every slice costs the host about
-0.2 s of CPU each time (Python, Ansible's wrapper, the imports): at one slice every 25 s that alone
-is 0.8 % of a core. So the action plugin starts the module once; the module checks its input, then
-leaves the whole wait to a detached process of its own and returns. That process writes the wait's
-latest result after every look to a 0600 file, atomically, and holds a FIFO open beside it. The
-controller follows with one shell command per progress interval (FOLLOW_COMMAND): it blocks on the
-FIFO until the wait ends or the interval passes, then prints the file. No Python starts on the host
-after the first; a finished wait wakes the controller at once (the process writes a byte to the FIFO).
+A module cannot print while it runs, and starting a module again for every progress line would pay
+the module's start (Python, Ansible's wrapper, the imports) each time: bench/REPORT.md ("The
+module's own cost") measures that start against a whole wait. So the action plugin starts the
+module once; the module checks its input, then leaves the whole wait to a detached process of its
+own and returns. That process writes the wait's latest result after every look to a 0600 file,
+atomically, and holds a FIFO open beside it. The controller follows with one shell command per
+progress interval (FOLLOW_COMMAND): it blocks on the FIFO until the wait ends or the interval
+passes, then prints the file. No Python starts on the host after the first; a finished wait wakes
+the controller at once (the process writes a byte to the FIFO).
 
 The FIFO is also the lease: the controller touches it on every read. A wait whose controller has
 gone (the play interrupted, the controller's machine lost) ends by itself after LEASE_READS missed
@@ -20,6 +21,7 @@ import tempfile
 import time
 import traceback
 
+from .engines import PROBE_ACCESS
 from .phases import STARTING
 from .waiter import wait_for_ready
 
@@ -64,8 +66,8 @@ def state_dir():
 
 
 class Progress(object):
-    """What the controller's progress line needs beyond a look's verdict: the latest log line, the
-    expected bytes, the GPUs' total memory. Fed by wait_for_ready's on_snapshot."""
+    """What the controller's progress line needs beyond a look's verdict: the engine's latest log line,
+    the expected bytes, the GPUs' total memory. Fed by wait_for_ready's on_snapshot."""
 
     def __init__(self, config, start, clock):
         self.config = config
@@ -76,7 +78,9 @@ class Progress(object):
         self.result = None
 
     def update(self, snap, verdict):
-        lines = [line.strip() for line in snap.log_lines if line.strip()]
+        # The access log's lines of the probes (this wait's own requests among them) are not the
+        # engine's news: the line quoted is the engine's own, as the classifier counts progress.
+        lines = [line.strip() for line in snap.log_lines if line.strip() and not PROBE_ACCESS.search(line)]
         if lines:
             self.log_line = lines[-1][:LOG_LINE_CHARS]
         totals = [g.get("memory_total_mib") for g in snap.gpus]
