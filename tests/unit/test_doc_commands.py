@@ -122,7 +122,9 @@ def has_placeholder(command):
 def checkout_paths(argv):
     """The arguments that name a file of the checkout (not a placeholder, not what the bench writes)."""
     paths = []
-    for arg in argv:
+    for index, arg in enumerate(argv):
+        if index and argv[index - 1] == "-m":
+            continue  # `python -m bench.run`: a module's name, not a path
         value = arg.split("=", 1)[-1] if arg.startswith("-") else arg
         value = value.lstrip("@")
         if value.startswith(CHECKOUT_DIRS) and not has_placeholder(value) and not value.startswith("bench/out") \
