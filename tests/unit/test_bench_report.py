@@ -1,7 +1,10 @@
 """bench/report.py: which verdicts are wrong, how late, which targets are met, and the report it writes."""
+import os
+
 import pytest
 
 from bench import report
+from tests.helpers.paths import ROOT
 
 
 @pytest.mark.parametrize("scenario, approach, said, t, truth, wrong, why", [
