@@ -111,9 +111,11 @@ def test_without_the_process_environment_the_units_environment_tells(tmp_path):
 def test_a_real_process_environment_points_at_its_cache(tmp_path):
     # /proc/<pid>/environ is the environment the process started with.
     cache = tmp_path / "hub"
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, universal_newlines=True,
                             env=dict(os.environ, HF_HUB_CACHE=str(cache)))
     try:
+        assert proc.stdout.readline().strip() == "ready"  # past execve(): its environment is readable
         reader = hub_cache.HubCacheReader()
         assert reader.caches({proc.pid: {"starttime": 1}}) == [str(cache)]
     finally:
@@ -129,3 +131,14 @@ def test_an_engines_download_dir_is_watched_as_well(tmp_path):
     found = reader.caches(processes)
     assert found[1:] == ["/models/hub", "/fast/hub"] and found[0].endswith("/.cache/huggingface/hub")
     assert hub_cache.download_dir("python3 -m vllm serve org/m") is None
+
+
+def test_a_process_caught_in_execve_is_asked_again_not_given_the_default_cache(tmp_path):
+    # Right after a fork, /proc/<pid>/environ reads empty until execve() has set up the new stack.
+    proc_root = tmp_path / "proc"
+    (proc_root / "42").mkdir(parents=True)
+    (proc_root / "42" / "environ").write_bytes(b"")
+    reader = hub_cache.HubCacheReader(proc_root=str(proc_root))
+    assert reader.caches({42: {"starttime": 7}}) == []
+    (proc_root / "42" / "environ").write_bytes(b"HF_HUB_CACHE=/models/hub\0PATH=/usr/bin\0")
+    assert reader.caches({42: {"starttime": 7}}) == ["/models/hub"]

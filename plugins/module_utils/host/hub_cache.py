@@ -62,12 +62,25 @@ def process_environment(pid, proc_root="/proc"):
             raw = handle.read()
     except OSError:
         return None
+    if not raw:
+        # A process caught in execve() shows no environment yet (its new stack is not set up):
+        # unknown, not empty, or the default cache would be taken for it for good.
+        return None
     found = {}
     for entry in raw.split(b"\0"):
         key, sep, value = entry.decode("utf-8", "replace").partition("=")
         if sep and key in ENVIRONMENT_KEYS:
             found[key] = value
     return found
+
+
+def environment_pending(pid, proc_root="/proc"):
+    """Whether /proc/<pid>/environ reads, but empty: a process still in execve()."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "environ"), "rb") as handle:
+            return not handle.read(1)
+    except OSError:
+        return False
 
 
 def process_home(pid, proc_root="/proc"):
@@ -219,6 +232,8 @@ class HubCacheReader(object):
         environment = process_environment(pid, self.proc_root)
         if environment is not None:
             return cache_dir(environment, process_home(pid, self.proc_root))
+        if environment_pending(pid, self.proc_root):
+            return None  # readable soon (a process in execve()): ask again at the next look
         if self.unit:
             if not self.unit_asked:
                 self.unit_asked = True
@@ -233,7 +248,7 @@ class HubCacheReader(object):
         current = {}
         for pid in sorted(processes):
             key = "%d:%d" % (pid, processes[pid].get("starttime") or 0)
-            current[key] = self.by_process[key] if key in self.by_process else self._cache_of(pid)
+            current[key] = self.by_process.get(key) or self._cache_of(pid)
             for cache in (current[key], download_dir(processes[pid].get("cmdline"))):
                 if cache and cache not in found:
                     found.append(cache)
