@@ -4,7 +4,8 @@ A process whose every Python frame is where it was at the previous read, and whi
 fewer than fault_threshold pages since, stands still: CPU it burns goes to a busy-wait (a hung
 collective spins one core per rank and touches no memory). Legitimate silent work from one call
 site (a layer-by-layer repack) looks the same from one read to the next but works on fresh buffers:
-its page faults keep it moving. What follows from a process standing still (its CPU is no progress,
+its page faults keep it moving. So does Python executing on one hot line: it holds the GIL and
+its locals change between a read's quick samples (python_at_work). What follows from a process standing still (its CPU is no progress,
 the stall clock runs from when it last moved) is the classifier's rule; this module keeps the record.
 """
 import dataclasses
@@ -16,6 +17,21 @@ from typing import Any, Dict, Optional
 # busy-spinning hang is still declared within a quarter of stall_timeout of its silent-hang bound.
 STACKS_CPU_SHARE = 0.0025
 STACKS_GAP_OF_STALL = 0.25
+
+
+def python_at_work(proc):
+    """Whether a read's process (host/stacks.py) is executing Python, not waiting in a native call.
+
+    Python at work holds the GIL while it runs, and its innermost frame's line or locals change
+    from one quick sample to the next, even on one hot line. A native call that busy-waits (NCCL's
+    collectives, reached through torch, release the GIL) has neither; one that keeps the GIL (a
+    regular expression backtracking in C) holds it, but its Python frame's locals stand still. One
+    sample, or samples without the locals, cannot tell: then the process is not taken for work."""
+    samples = proc.get("samples") or 0
+    if samples < 2:
+        return False
+    held = (proc.get("gil_active_samples") or 0) * 2 > samples
+    return bool(held and (proc.get("line_moved") or proc.get("locals_moved")))
 
 
 @dataclasses.dataclass
@@ -30,6 +46,7 @@ class SpinTracker(object):
       since        since when its stack has not changed
       still_since  since when its stack has not changed and it faulted in no fresh memory
       faults0      its page faults at still_since
+      python_at_work  the read found it executing Python (python_at_work()): never still
       still        its stack and memory stood still since the previous read
     The entries stay plain dicts: stack_summary.summarize reads the same shape.
     """
@@ -53,13 +70,15 @@ class SpinTracker(object):
             entry = {"name": proc.get("name"), "rank": proc.get("rank"), "state": proc.get("state"),
                      "thread": proc.get("thread"), "frames": proc.get("frames") or [], "sig": proc.get("signature"),
                      "faults": faults, "pid": proc["pid"]}
+            entry["python_at_work"] = python_at_work(proc)
             function = entry["frames"][0][:2] if entry["frames"] else None
             entry["in_since"] = prev["in_since"] if prev is not None and prev.get("function") == function else t
             entry["function"] = function
             if prev is None or prev["sig"] != entry["sig"]:
                 entry.update(since=t, still_since=t, faults0=faults, still=False)
-            elif faults - prev["faults0"] >= fault_threshold:
-                # The same frames, on fresh memory: a loop of long native calls at work.
+            elif faults - prev["faults0"] >= fault_threshold or entry["python_at_work"]:
+                # The same frames, on fresh memory (a loop of long native calls at work), or Python
+                # executing on one hot line: work, not a busy-wait.
                 entry.update(since=prev["since"], still_since=t, faults0=faults, still=False)
             else:
                 entry.update(since=prev["since"], still_since=prev["still_since"], faults0=prev["faults0"], still=True)
