@@ -65,6 +65,9 @@ def read_process(pid, proc_root="/proc"):
         "child_ticks": int(fields[13]) + int(fields[14]),
         "starttime": int(fields[19]),
         "cmdline": "",
+        # A zombie's exit status as waitpid() gives it (field 52, Linux 3.5+): how a process that died
+        # unreaped ended (a rank whose parent is blocked elsewhere); None for the living.
+        "exit_status": int(fields[49]) if fields[0] == "Z" and len(fields) > 49 else None,
     }
     info.update(dict.fromkeys(IO_COUNTERS))
     try:
@@ -80,6 +83,17 @@ def read_process(pid, proc_root="/proc"):
     except OSError:
         pass
     return info
+
+
+def load(proc_root="/proc"):
+    """The host's CPU pressure: {"runnable": processes runnable now, "load1": the 1-minute load
+    average, "cores": CPUs online}, or None where /proc/loadavg cannot be read."""
+    try:
+        fields = _read(os.path.join(proc_root, "loadavg")).split()
+        runnable = int(fields[3].split("/")[0])
+        return {"runnable": runnable, "load1": float(fields[0]), "cores": os.cpu_count() or 1}
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def is_gone(info):

@@ -7,8 +7,11 @@ from ..common.command import run_command
 from ..common.errors import InputError
 from ..host.gpu import GpuReader
 from ..host.logs import FileTailer, JournalReader
-from ..host.stacks import StackReader
+from ..host.stacks import StackReader, process_name, rank_of
 from .snapshot import Snapshot
+
+
+STACK_SAMPLES = 3
 
 
 class HostProbe(object):
@@ -24,12 +27,14 @@ class HostProbe(object):
         self.gpus = GpuReader(config.gpus, nvml=nvml, runner=runner)
         self.gpu_cpu_s = 0.0  # this process's CPU seconds in GPU reads (what the wait's cost report splits out)
         self.stacks = StackReader(config.py_spy, runner=runner, proc_root=proc_root)
-        # Dumps per stack read and whether they read locals (host/stacks.py): one dump, no locals,
-        # unless the classifier asks for the GIL/activity evidence of several.
-        self.stack_samples = 1
-        self.stack_locals = False
+        # Dumps per stack read and whether they read locals (host/stacks.py): three, with the
+        # innermost frame's locals, so the classifier can tell Python at work on one hot line (it
+        # holds the GIL and its locals change) from a busy-wait in one native call.
+        self.stack_samples = STACK_SAMPLES
+        self.stack_locals = True
         self.hub = hub_cache.HubCacheReader(config.unit, runner=runner, proc_root=proc_root)
         self.infiniband_root = infiniband.SYSFS_ROOT
+        self.zombies = {}  # unit mode: the unit's unreaped dead processes at the latest look
         self.sources = []
         self.journal = None
         self.root_start = None
@@ -63,6 +68,8 @@ class HostProbe(object):
             roots = procfs.cgroup_pids(unit.get("ControlGroup"), main, self.proc_root) or ([main] if main else [])
             processes = procfs.tree(roots, self.proc_root)
             live = dict((p, i) for p, i in processes.items() if not procfs.is_gone(i))
+            # Not the server's work any more, but how a dead rank ended: its exit status.
+            self.zombies = dict((p, i) for p, i in processes.items() if p not in live)
             launcher = {}
             if main in live and systemd.is_launcher(live[main]["cmdline"]):
                 # A notify unit's main process is modelwake's launcher: its own looks (HTTP probes, and
@@ -111,6 +118,12 @@ class HostProbe(object):
             "states": dict((str(p), i["state"]) for p, i in processes.items()),
             "comms": dict((str(p), i["comm"]) for p, i in processes.items()),
             "cpu": dict((str(p), round(i["own_ticks"] / float(procfs.CLK_TCK), 2)) for p, i in processes.items()),
+            # The ranks by their titles (`sglang::scheduler_TP2`, `VLLM::Worker_TP1`): who died, by name.
+            "ranks": dict((str(p), rank) for p, rank in ((p, rank_of(process_name(i))) for p, i in processes.items())
+                          if rank is not None),
+            # How the zombies among them ended (a dead rank its blocked parent has not reaped).
+            "exits": dict((str(p), i["exit_status"]) for p, i in list(processes.items()) + list(self.zombies.items())
+                          if i.get("exit_status") is not None),
         }
         stack_read = None
         if stacks and processes:
@@ -146,7 +159,8 @@ class HostProbe(object):
                         log_context=context, http=http, listeners=listeners, errors=errors, stacks=stack_read,
                         peers=self._peer_connections(),
                         downloads=self.hub.read(processes) if processes else None,
-                        ib_rcv_bytes=infiniband.received_bytes(ib_ports), ib_ports=ib_ports or None)
+                        ib_rcv_bytes=infiniband.received_bytes(ib_ports), ib_ports=ib_ports or None,
+                        load=procfs.load(self.proc_root))
 
     def _peer_connections(self):
         """Per other node of a multi-node group, its connections to the dist-init port (either

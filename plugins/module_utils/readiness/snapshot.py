@@ -10,7 +10,8 @@ from typing import Any, Dict, List, Optional
 class Snapshot(object):
     t: float  # seconds since the wait began (monotonic clock)
     # Process tree: {"root_pid", "alive", "pids", "cpu_seconds", "read_bytes", "write_bytes", "rchar",
-    # "wchar", "states", "comms", "cpu"}. states/comms/cpu (own CPU seconds) map str(pid) -> value;
+    # "wchar", "states", "comms", "cpu", "ranks", "exits"}; ranks: str(pid) -> TP index by title;
+    # exits: str(pid) -> a zombie's waitpid() status. states/comms/cpu (own CPU seconds) map str(pid) -> value;
     # the byte totals (host/procfs.py IO_COUNTERS) are None when /proc/<pid>/io is unreadable, and
     # absent from traces recorded before they were read.
     process: Dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -34,6 +35,9 @@ class Snapshot(object):
     # without an HCA. ib_ports: per "<device>/<port>", {"rcv_bytes", "xmit_bytes"}.
     ib_rcv_bytes: Optional[int] = None
     ib_ports: Optional[Dict[str, Dict[str, Optional[int]]]] = None
+    # The host's CPU pressure (host/procfs.py load(): {"runnable", "load1", "cores"}): a stall on a
+    # saturated host may be starvation, not a hang.
+    load: Optional[Dict[str, Any]] = None
 
     def to_dict(self):
         return dataclasses.asdict(self)
