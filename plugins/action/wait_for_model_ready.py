@@ -36,6 +36,7 @@ from ansible_collections.modelwake.serving.plugins.module_utils.common.formattin
 from ansible_collections.modelwake.serving.plugins.module_utils.common.units import MIB
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.follow import (
     CLEANUP_COMMAND, FOLLOW_COMMAND, parse_read)
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.status import source_words
 
 display = Display()
 
@@ -61,6 +62,8 @@ def progress_line(host, result, info):
         if result.get("read_rate") is not None:
             text += " at %s/s" % size(result["read_rate"])
         parts.append(text)
+    if result.get("source"):
+        parts.append(source_words(result["source"]))  # weights from the network: a download, a stream
     if result.get("shards"):
         parts.append("shards %d/%d" % tuple(result["shards"]))
     if result.get("eta") is not None:

@@ -354,6 +354,18 @@ stacks_unavailable:
   returned: always
   type: str
   sample: "py-spy is not installed (looked next to the engine's interpreter (/opt/modelwake/venv/bin) and on PATH)"
+source:
+  description:
+    - Where the weights come from while they arrive other than from the local disk, during
+      C(starting) and C(loading); null otherwise.
+    - I(kind) is C(download) (a hub download into the cache's C(.incomplete) files), C(stream) (reads
+      from a socket, as the Run:ai model streamer makes) or C(infiniband) (bytes received by the host's
+      HCAs, as an RDMA load from a peer brings them); I(bytes) since the wait began, I(rate) in bytes/s,
+      I(file) the download's repository and file, I(expected) its total where known.
+  returned: always
+  type: dict
+  sample: {"kind": "download", "bytes": 436207616, "rate": 31457280.0, "file": "org/k26 model-00003-of-00064.safetensors",
+           "expected": null}
 """
 
 from ansible.module_utils.basic import AnsibleModule

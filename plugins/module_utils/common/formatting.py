@@ -35,3 +35,18 @@ def http_result(result):
     if result["kind"] == "refused":
         return "refused"
     return "%s (%s)" % (result["kind"], result["error"])
+
+
+# The signals a dying engine process meets most (Linux numbers), named as `kill -l` names them.
+SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
+
+
+def exit_words(status):
+    """A waitpid() status in words: `exit status 1`, `killed by signal 9 (SIGKILL)`; None: reaped."""
+    if status is None:
+        return "exit status unknown: reaped"
+    number = status & 0x7F
+    if number:
+        name = SIGNAL_NAMES.get(number)
+        return "killed by signal %d%s" % (number, " (%s)" % name if name else "")
+    return "exit status %d" % (status >> 8)

@@ -31,12 +31,13 @@ import dataclasses
 from typing import Any, Dict, List, Optional
 from urllib.parse import urlparse
 
-from ..common.formatting import http_result, mib as _mib
+from ..common.formatting import exit_words, http_result, mib as _mib
 from . import engines
 from .peers import PeerTracker
 from .phases import FAILED, INITIALIZING, LOADING, NOT_STARTED, PHASES, READY, STALLED, STARTING, TIMEOUT
 from .spin import SpinTracker
 from .stack_summary import summarize
+from .transfers import DOWNLOAD, INFINIBAND, STREAM, WRITTEN, TransferTracker
 from .status import status_news, status_phase
 from .verdict import RATE_WINDOW, Verdict
 
@@ -105,6 +106,9 @@ class ClassifierState(object):
     seen_running: bool = False  # seen active, activating or reloading
 
     stacks: SpinTracker = dataclasses.field(default_factory=SpinTracker)  # the ranks' stacks
+    transfers: TransferTracker = dataclasses.field(default_factory=TransferTracker)  # downloads, streams, RDMA
+    # The ranks seen alive, by str(pid): {"rank", "comm"}, to name the one that dies.
+    ranks_seen: Dict[str, Dict[str, Any]] = dataclasses.field(default_factory=dict)
     peers: PeerTracker = dataclasses.field(default_factory=PeerTracker)  # a multi-node group's other nodes
 
     def new_run(self, line):
@@ -230,6 +234,7 @@ class Classifier(object):
             events.append("read_bytes +%s" % _mib(read_delta))
             st.last_read_t = t
             st.disk_loading_seen = True
+        arriving = self._transfer_events(t, snap, proc, events)
         gpu_changes = {}
         for gpu in snap.gpus:
             key = str(gpu["index"])
@@ -263,9 +268,10 @@ class Classifier(object):
 
         self._track_reads(t, proc.get("read_bytes"))
         alive = self._alive(snap, proc)
-        verdict = self._failure(snap, t, proc, alive)
+        dead_ranks = self._track_ranks(proc)
+        verdict = self._failure(snap, t, proc, alive, dead_ranks)
         if verdict is None:
-            phase = self._phase(t, alive, read_delta, gpu_rising, work_rate, snap.http)
+            phase = self._phase(t, alive, read_delta, gpu_rising or arriving, work_rate, snap.http)
             if phase != st.phase:
                 if st.phase is not None:
                     events.append("phase %s -> %s" % (st.phase, phase))
@@ -281,7 +287,9 @@ class Classifier(object):
             if spinning >= cfg.cpu_threshold and (work_rate or 0.0) < cfg.cpu_threshold:
                 self._take_back_spun_cpu()
                 st.spin_note = ("; the CPU (%.2f cores) goes to frames that have not moved, nor touched new "
-                                "memory, since +%s: a busy-wait, not work" % (spinning, self._secs(st.stacks.moved())))
+                                "memory, since +%s" % (spinning, self._secs(st.stacks.moved())))
+                # On a saturated host a rank may be starved rather than spinning: never call that a busy-wait.
+                st.spin_note += ": a busy-wait, not work" if not _saturated(snap.load) else ""
             # A completion that timed out once is asked again with a short timeout (the waiter's
             # choice) while nothing else moves: a hung engine costs one full completion_timeout,
             # not one per look. Any progress, or an answer, gives the next one its full time again.
@@ -397,7 +405,7 @@ class Classifier(object):
                        evidence=self._crash_evidence(), terminal=True)
 
     # -- failures -----------------------------------------------------------------------
-    def _failure(self, snap, t, proc, alive):
+    def _failure(self, snap, t, proc, alive, dead_ranks=()):
         st = self.state
         cfg = self.config
         holder = self._foreign_listener(snap, proc)
@@ -410,7 +418,11 @@ class Classifier(object):
                 # No line names the cause yet: its traceback may arrive with the next look.
                 st.fatal_waited = True
                 return None
-            return Verdict(FAILED, "failed: the server logged a fatal error: %s%s" % (cause[0].strip(), held),
+            if st.fatal not in cause:
+                # The line that says which process failed (`[... TP2] Scheduler hit an exception:`).
+                cause = cause[:1] + [st.fatal] + cause[1:]
+            return Verdict(FAILED, "failed: the server logged a fatal error: %s%s%s"
+                           % (cause[0].strip(), self._rank_death_note(dead_ranks, proc), held),
                            evidence=cause, terminal=True)
         if cfg.unit:
             verdict = self._unit_failure(snap, t)
@@ -425,6 +437,11 @@ class Classifier(object):
             return Verdict(FAILED, "failed: process %s exited %s into the wait, in phase %s%s%s"
                            % (pid, self._secs(t), st.phase or STARTING, cause, held),
                            evidence=evidence, terminal=True)
+        if dead_ranks and alive:
+            # A rank died without a word in the log (the OOM killer): the others wait for it forever.
+            return Verdict(FAILED, "failed: %s %s into the wait, in phase %s, with no error in the log%s"
+                           % (self._rank_death_note(dead_ranks, proc)[2:], self._secs(t), st.phase or STARTING, held),
+                           evidence=self._crash_evidence(), terminal=True)
         # After this node's own end: a node whose engine died sees its connection gone too.
         left = self._peer_left()
         if left is not None:
@@ -440,6 +457,76 @@ class Classifier(object):
                            % (cfg.port(), holder["pid"], holder.get("comm") or "?", sorted(ours)[:8]),
                            evidence=self._crash_evidence(), terminal=True)
         return None
+
+    def _track_ranks(self, proc):
+        """The ranks seen alive at an earlier look that are gone now or zombies: [(str(pid), seen)]."""
+        st = self.state
+        states = proc.get("states") or {}
+        comms = proc.get("comms") or {}
+        living = set(key for key, state in states.items() if state not in ("Z", "X"))
+        dead = [(key, seen) for key, seen in sorted(st.ranks_seen.items()) if key not in living]
+        for key, rank in (proc.get("ranks") or {}).items():
+            if key in living:
+                st.ranks_seen[key] = {"rank": rank, "comm": comms.get(key)}
+        return dead
+
+    def _rank_death_note(self, dead_ranks, proc):
+        """`; rank TP2 (pid 4242) died (exit status 1); still alive: ...`, or "" when no rank died."""
+        if not dead_ranks:
+            return ""
+        exits = proc.get("exits") or {}
+        died = ["rank TP%s (pid %s) died (%s)" % (seen["rank"], key, exit_words(exits.get(key)))
+                for key, seen in dead_ranks]
+        states = proc.get("states") or {}
+        ranks = proc.get("ranks") or {}
+        comms = proc.get("comms") or {}
+        alive = ["TP%s (pid %s)" % (ranks[key], key) if key in ranks else "pid %s (%s)" % (key, comms.get(key) or "?")
+                 for key in sorted(states, key=int) if states[key] not in ("Z", "X")]
+        note = "; " + "; ".join(died)
+        if alive:
+            note += "; still alive: %s: they wait for it and cannot go on without it" % ", ".join(alive[:12])
+        return note
+
+    def _transfer_events(self, t, snap, proc, events):
+        """Weights arriving by the network (a hub download, a streamed or an RDMA load): progress
+        events; True when bytes of the weights arrived at this look."""
+        st = self.state
+        threshold = self.config.read_threshold
+        transfers = st.transfers
+        growth = transfers.fold(t, proc, snap.downloads, snap.ib_rcv_bytes)
+        arriving = False
+        # Any byte landing in a partial download is progress: a slow link must not look hung.
+        if growth[DOWNLOAD]:
+            download = transfers.download or {}
+            events.append("download +%s (%s)" % (_mib(growth[DOWNLOAD]), _download_name(download)))
+            transfers.arrived(t, DOWNLOAD)
+            arriving = True
+        elif growth[WRITTEN] is not None and growth[WRITTEN] >= threshold:
+            events.append("written +%s" % _mib(growth[WRITTEN]))
+        if growth[STREAM] is not None and growth[STREAM] >= threshold:
+            events.append("socket reads +%s (rchar beyond read_bytes)" % _mib(growth[STREAM]))
+            transfers.arrived(t, STREAM)
+            arriving = True
+        # Received over InfiniBand: the host's ports count for every job, so only while loading.
+        if growth[INFINIBAND] is not None and growth[INFINIBAND] >= threshold and st.phase in (STARTING, LOADING):
+            events.append("InfiniBand received +%s" % _mib(growth[INFINIBAND]))
+            transfers.arrived(t, INFINIBAND)
+            arriving = True
+        if arriving:
+            st.last_read_t = t
+            st.disk_loading_seen = True
+        return arriving
+
+    def _network_note(self, snap, t):
+        """Why a stall looks like the network's: a download that stopped, for which file."""
+        transfers = self.state.transfers
+        files = (snap.downloads or {}).get("files") or []
+        if not files or transfers.download is None:
+            return ""
+        download = transfers.download
+        return ("; waiting on the network: the download of %s stopped at %s, no byte for %s"
+                % (_download_name(download), _mib(download.get("bytes") or 0),
+                   self._secs(t - (transfers.download_t or 0.0))))
 
     def _foreign_listener(self, snap, proc):
         """The first process outside the server's tree that listens on the URL's port, or None."""
@@ -563,6 +650,8 @@ class Classifier(object):
         quiet = t - st.last_progress_t
         notes = self._http_notes(http) + self._peer_notes()
         where = (st.spin_note or "") + self._where_note(t)
+        if quiet >= cfg.stall_timeout or (cfg.timeout and t >= cfg.timeout):
+            notes += self._network_note(snap, t) + _saturation_note(snap.load)
         if quiet >= cfg.stall_timeout:
             return Verdict(STALLED, "stalled: no progress for %s in phase %s (last progress: %s at +%s; %s)%s%s"
                            % (self._secs(quiet), phase, st.last_progress, self._secs(st.last_progress_t),
@@ -709,6 +798,7 @@ class Classifier(object):
         verdict.stacks = st.stacks.shown(entries)
         verdict.where = summarize(entries, st.stacks.read_t, seconds=False, short=True) if entries else ""
         verdict.stacks_unavailable = st.stacks.unavailable or ""
+        verdict.source = self._source(snap)
         if verdict.phase == FAILED and entries and "; the ranks' stacks: " not in verdict.msg:
             verdict.msg += self._where_note(t)
         return verdict
@@ -723,6 +813,44 @@ class Classifier(object):
             return round((t - load_t) / shards[0] * (shards[1] - shards[0]), 1)
         return None
 
+    def _source(self, snap):
+        """The network source of the weights while they arrive (a verdict's `source`), else None."""
+        transfers = self.state.transfers
+        if transfers.source is None or self.state.phase not in (STARTING, LOADING):
+            return None
+        source = {"kind": transfers.source, "bytes": transfers.totals[transfers.source],
+                  "rate": None if transfers.rate() is None else round(transfers.rate(), 1),
+                  "file": None, "expected": None}
+        if transfers.source == DOWNLOAD:
+            source["file"] = _download_name(transfers.download or {})
+            source["expected"] = (snap.downloads or {}).get("expected")
+        return source
+
     @staticmethod
     def _secs(seconds):
         return "%d s" % round(seconds)
+
+
+def _download_name(download):
+    """`org/name model-00003-of-00064.safetensors` (or the blob's name where the file's is unknown)."""
+    return " ".join(part for part in (download.get("repo"), download.get("file")) if part) or "a file"
+
+
+# A host whose run queue holds this many runnable processes per core, or whose 1-minute load is
+# that high, is saturated: its ranks wait for a CPU, which the stacks cannot tell from a spin.
+SATURATED_PER_CORE = 2.0
+
+
+def _saturated(load):
+    if not load or not load.get("cores"):
+        return False
+    limit = SATURATED_PER_CORE * load["cores"]
+    return (load.get("runnable") or 0) > limit or (load.get("load1") or 0.0) > limit
+
+
+def _saturation_note(load):
+    if not _saturated(load):
+        return ""
+    return ("; the host's CPUs are saturated (%d runnable, load %.1f on %d cores): the ranks may be starved "
+            "of CPU rather than hung" % (load.get("runnable") or 0, load.get("load1") or 0.0, load["cores"]))
+

@@ -6,6 +6,7 @@ STATUS_CHARS characters, and its first word says the phase:
   starting: <marker> (since 4s)                        a phase with the log line that began it
   loading 45% (29/64 shards, 412 MiB/s, ETA 6m12s)     loading, with what is known of it
   loading (3.0 GiB read, 575 MiB/s)  /  loading (since 12s)
+  loading (downloading org/k26 model-00003.safetensors: 412 MiB at 30 MiB/s)   weights from the network
   initializing: <marker> (since 1m05s)
   ready in 14m03s                                      after READY=1
   <the verdict's message>                              failed / stalled / timeout
@@ -62,9 +63,27 @@ def format_status(verdict, elapsed):
             parts.append("%s/s" % size(verdict.read_rate, mib_digits=0))
         if verdict.eta is not None:
             parts.append("ETA %s" % duration(verdict.eta))
+        if getattr(verdict, "source", None):
+            parts.insert(0, source_words(verdict.source))
         return _with_where(head + (" (%s)" % ", ".join(parts) if parts else since), verdict)
     what = marker_summary(verdict.evidence[0]) if verdict.evidence else ""
     return _with_where(phase + (": " + what if what else "") + since, verdict)
+
+
+SOURCE_WORDS = {"download": "downloading", "stream": "streamed", "infiniband": "received over InfiniBand"}
+
+
+def source_words(source):
+    """A verdict's `source` in words: `downloading org/k26 model-00003.safetensors: 1.2 GiB at 30 MiB/s`."""
+    text = SOURCE_WORDS.get(source.get("kind"), source.get("kind") or "?")
+    if source.get("file"):
+        text += " " + source["file"]
+    text += ": " + size(source.get("bytes") or 0, mib_digits=0)
+    if source.get("expected"):
+        text += " / " + size(source["expected"], mib_digits=0)
+    if source.get("rate"):
+        text += " at %s/s" % size(source["rate"], mib_digits=0)
+    return text
 
 
 def _with_where(text, verdict):

@@ -33,6 +33,10 @@ class Verdict(object):
     stacks: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
     where: str = ""  # those stacks in one line (stack_summary.summarize)
     stacks_unavailable: str = ""  # why the latest read got no stacks (no py-spy, not permitted)
+    # Where the weights come from while they arrive other than from the local disk (readiness/
+    # transfers.py): {"kind": download | stream | infiniband, "bytes" (since the wait began),
+    # "rate" (bytes/s), "file" (a download's repo and file), "expected" (bytes, when known)}.
+    source: Optional[Dict[str, Any]] = None
 
     def to_dict(self):
         return dataclasses.asdict(self)
