@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch import prometheus_text
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.textfile import prometheus_text
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Verdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
