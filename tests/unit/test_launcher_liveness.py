@@ -3,8 +3,8 @@ N failed answers in a row, so that systemd's watchdog restarts a hung engine.
 
 The count is pure logic (a scripted probe); the probe is the ready check's own HTTP code against a
 real loopback server; the supervising loop runs against that server and a real notify socket, its
-watchdog periods passed at once (no real sleeping). Also the launcher's other exit without a
-verdict: an engine gone before the first look.
+watchdog periods passed at once (no real sleeping). Also the launcher's other exits without a
+verdict: an engine gone before the first look, and one that exits after ready.
 """
 import os
 import signal
