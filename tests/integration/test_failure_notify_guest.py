@@ -51,7 +51,7 @@ PLAY = """
         model_service_failure_webhook_url: "%s"
 """ % (UNIT, URL)
 
-# The launcher's way to fail (plugins/module_utils/launcher/launch.py, _give_up): its verdict, the
+# The launcher's way to fail (plugins/module_utils/launcher/supervisor.py, _give_up): its verdict, the
 # evidence, then exit 3 so that Restart= applies. Two starts within the limit: the second fails it.
 DUMMY_UNIT = """[Unit]
 Description=a model unit that fails as the launcher does

@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 
 from ansible_collections.modelwake.serving.plugins.module_utils.host import procfs
-from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch import EXIT_ENGINE_EXITED, EXIT_FAILED, EXIT_STALLED, EXIT_USAGE
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.exit_codes import EXIT_ENGINE_EXITED, EXIT_FAILED, EXIT_STALLED, EXIT_USAGE
 
 from tests.helpers import SIM_PATH, free_port, launcher_package
 from tests.helpers.notify_listener import NotifyListener

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from ansible_collections.modelwake.serving.plugins.module_utils.launcher import launch
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher import exit_codes, supervisor
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.phases import FAILED, STALLED, TIMEOUT
 from tests.helpers import ROOT, launcher_package
 from tests.helpers.http_server import Server
@@ -34,7 +34,7 @@ notify = load_script()
 
 
 def test_the_script_reads_the_launchers_contract():
-    assert notify.LOG_PREFIX == launch.LOG_PREFIX
+    assert notify.LOG_PREFIX == supervisor.LOG_PREFIX
     assert set(notify.VERDICT_PHASES) == {FAILED, STALLED, TIMEOUT}
 
 
@@ -49,7 +49,7 @@ def crash_log(tmp_path_factory):
                            "--poll-interval", "0.2", "--stall-timeout", "30", "--", sys.executable, "-c", engine],
                           env=dict(os.environ, PYTHONPATH=pythonpath), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
-    assert proc.returncode == launch.EXIT_FAILED, proc.stderr
+    assert proc.returncode == exit_codes.EXIT_FAILED, proc.stderr
     # journalctl -o cat: the engine's teed output and the launcher's own lines, one journal entry each.
     return proc.stdout.splitlines() + proc.stderr.splitlines()
 

@@ -168,7 +168,7 @@ PROBE_LINES = ['INFO:     127.0.0.1:52368 - "GET /health HTTP/1.1" 200 OK',
 
 
 def progress_after(*looks):
-    from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Verdict
+    from ansible_collections.modelwake.serving.plugins.module_utils.readiness.verdict import Verdict
     from ansible_collections.modelwake.serving.plugins.module_utils.readiness.config import build_config
     from ansible_collections.modelwake.serving.plugins.module_utils.readiness.snapshot import Snapshot
     config = build_config({"url": "http://127.0.0.1:30001", "pid": os.getpid(), "ready_check": "health",

@@ -9,9 +9,11 @@ import pytest
 
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.verdict import Verdict
 from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import ModelWakeError
-from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch import (API_KEY_ENV, Reporter, build_launch_config, engine_environment,
-                                                                             parse_args, prometheus_text, write_textfile)
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.cli import API_KEY_ENV, build_launch_config, engine_environment, parse_args
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.reporter import Reporter
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.textfile import prometheus_text, write_textfile
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.notify import Notifier
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.config import build_config
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.waiter import wait_for_ready
 
 from tests.helpers.traces import K26_EXPECTED_BYTES, MIB, FakeClock, ReplayProbe, config, http, k26_start
@@ -166,6 +168,19 @@ def test_the_api_key_comes_from_the_environment_and_stays_out_of_the_engine(tmp_
     env = engine_environment({API_KEY_ENV: "k", "NOTIFY_SOCKET": "@x", "WATCHDOG_USEC": "1", "PATH": "/bin",
                               "MODELWAKE_API_KEY": "engine-key"})
     assert env == {"PATH": "/bin", "MODELWAKE_API_KEY": "engine-key"}
+
+
+def test_the_wait_config_is_checked_before_the_engine_runs_and_takes_its_pid_after():
+    options = parse_args(["--url", "http://127.0.0.1:30001", "--", "true"])
+    cfg = build_launch_config(options, {})
+    # The engine's output comes through the launcher's pipe; no process is named before it runs.
+    assert cfg.follows_log and cfg.pid is None and cfg.unit is None
+    started = cfg.for_started_server(4242)
+    assert started.pid == 4242 and started.follows_log and cfg.pid is None
+    with pytest.raises(ValueError):
+        started.for_started_server(4343)
+    with pytest.raises(ModelWakeError, match="^unit: "):
+        build_config({"url": "http://127.0.0.1:30001", "pid": os.getpid()}, starts_server=True)
 
 
 def test_bad_options_name_the_field(tmp_path):

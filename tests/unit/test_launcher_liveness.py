@@ -3,10 +3,9 @@ N failed answers in a row, so that systemd's watchdog restarts a hung engine.
 
 The count is pure logic (a scripted probe); the probe is the ready check's own HTTP code against a
 real loopback server; the supervising loop runs against that server and a real notify socket, its
-watchdog periods passed at once (no real sleeping). Also the launcher's other exit without a
-verdict: an engine gone before the first look.
+watchdog periods passed at once (no real sleeping). Also the launcher's other exits without a
+verdict: an engine gone before the first look, and one that exits after ready.
 """
-import dataclasses
 import os
 import signal
 import sys
@@ -16,9 +15,11 @@ import time
 import pytest
 
 from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import ModelWakeError
-from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch import (
-    API_KEY_ENV, EXIT_USAGE, Engine, Launcher, Liveness, StopRequested, build_launch_config, liveness_probe,
-    parse_args)
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.cli import API_KEY_ENV, build_launch_config, parse_args
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.engine_process import Engine
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.exit_codes import EXIT_ENGINE_EXITED, EXIT_USAGE
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.liveness import Liveness, liveness_probe
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.supervisor import Launcher, StopRequested
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.notify import Notifier
 
 from tests.helpers.http_server import SECRET, Server
@@ -203,7 +204,30 @@ def test_an_engine_refusing_its_options_before_the_first_look_ends_with_the_usag
     launcher.engine = engine = Engine([sys.executable, "-c", "import sys; sys.exit(2)"], dict(os.environ), Err([]))
     assert engine.exited.wait(30)
     cfg = build_launch_config(options, environ)
-    assert launcher._watch(Notifier(environ), dataclasses.replace(cfg, pid=engine.pid)) == EXIT_USAGE
+    assert launcher._watch(Notifier(environ), cfg.for_started_server(engine.pid)) == EXIT_USAGE
     text = "".join(errors)
     assert "failed: the engine ended at once (exit status 2)" in text
     assert "the engine refused its options (exit status 2)" in text
+
+
+@pytest.mark.parametrize("printed,evidence", [
+    # No line names an exception: the last lines, as many as the wait keeps for a crash.
+    (["step %d" % i for i in range(30)], ["step %d" % i for i in range(10, 30)]),
+    # One does: the root cause first, then its traceback, as the wait's failed verdict shows them.
+    (["step 1", "Traceback (most recent call last):", '  File "x.py", line 1', "ValueError: the scheduler is dead"],
+     ["ValueError: the scheduler is dead", "Traceback (most recent call last):", '  File "x.py", line 1']),
+])
+def test_an_exit_after_ready_is_logged_with_the_waits_crash_evidence(receiver, printed, evidence):
+    """The same evidence rule as the wait's (readiness/engines.py, crash_evidence)."""
+    errors = []
+    environ = {"NOTIFY_SOCKET": receiver.address}
+    options = parse_args(["--url", "http://127.0.0.1:9", "--", "true"])
+    launcher = Launcher(options, environ=environ, err=Err(errors))
+    script = "import sys; sys.stdout.write(%r)" % "".join(line + "\n" for line in printed)
+    launcher.engine = engine = Engine([sys.executable, "-c", script], dict(os.environ), Err([]))
+    assert engine.exited.wait(30)
+    assert launcher._supervise(Notifier(environ), build_launch_config(options, environ)) == EXIT_ENGINE_EXITED
+    text = "".join(errors)
+    assert "modelwake: failed: the engine exited after it was ready (exit status 0)\n" in text
+    logged = [line[len("modelwake:   | "):] for line in text.splitlines() if line.startswith("modelwake:   | ")]
+    assert logged == evidence

@@ -120,7 +120,7 @@ def test_the_launcher_runs_from_only_what_the_role_installs(tmp_path):
 
 
 # Exceptions that are not failures: control flow the code raises and catches itself.
-SIGNALS = {"launcher/launch.py": {"StopRequested"}, "readiness/follow.py": {"ControllerGone"}}
+SIGNALS = {"launcher/supervisor.py": {"StopRequested"}, "readiness/follow.py": {"ControllerGone"}}
 
 
 def test_every_exception_of_ours_is_a_modelwake_error():

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch import prometheus_text
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.textfile import prometheus_text
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.verdict import Verdict
 
 from tests.helpers import ANSIBLE_PLAYBOOK as PLAYBOOK, ROOT

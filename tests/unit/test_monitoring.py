@@ -10,8 +10,10 @@ import subprocess
 
 import yaml
 
-from ansible_collections.modelwake.serving.plugins.module_utils.launcher.launch import (Launcher, Reporter, parse_args,
-                                                                                         prometheus_text)
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.cli import parse_args
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.reporter import Reporter
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.supervisor import Launcher
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.textfile import prometheus_text
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.notify import Notifier
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.verdict import Verdict
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.phases import (FAILED, NOT_STARTED, PHASES,

@@ -578,10 +578,7 @@ class Classifier(object):
         return None
 
     def _crash_evidence(self):
-        tail = self.state.tail
-        if any(engines.EXCEPTION_LINE.search(line) for line in tail):
-            return engines.root_cause(tail)
-        return tail[-engines.TRACEBACK_TAIL:]
+        return engines.crash_evidence(self.state.tail)
 
     # -- phases -------------------------------------------------------------------------
     def _phase(self, t, alive, read_delta, gpu_rising, cpu_rate, http):

@@ -59,6 +59,13 @@ class WaitConfig(object):
     peers: Optional[Dict[str, List[str]]] = None
     peer_port: Optional[int] = None
 
+    def for_started_server(self, pid):
+        """This config for the server the caller has just started as `pid` (the launcher's engine):
+        build_config(..., starts_server=True) validated everything else before it ran."""
+        if not self.follows_log or self.unit is not None or self.pid is not None:
+            raise ValueError("for_started_server: only a config built with starts_server=True takes the pid later")
+        return dataclasses.replace(self, pid=pid)
+
     def port(self):
         parsed = urlparse(self.url)
         return parsed.port or (443 if parsed.scheme == "https" else 80)
@@ -107,8 +114,14 @@ def _peers(peers, peer_port):
     return resolved, peer_port
 
 
-def build_config(params, proc_root="/proc"):
-    """A WaitConfig from the module's parameters; raises InputError naming the bad field."""
+def build_config(params, proc_root="/proc", starts_server=False):
+    """A WaitConfig from the module's parameters; raises InputError naming the bad field.
+
+    The module waits for a running server: its params name it by exactly one of unit and pid. The
+    launcher checks its options before it starts the engine (starts_server=True): its params name
+    neither, the engine's output comes through the launcher's pipe (follows_log), and the pid is
+    given by for_started_server() once the engine runs.
+    """
     url = params.get("url") or ""
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -124,7 +137,10 @@ def build_config(params, proc_root="/proc"):
         raise InputError("url", "host %r cannot be resolved (%s): fix the URL or the host's DNS"
                          % (parsed.hostname, exc.strerror))
     unit, pid = params.get("unit"), params.get("pid")
-    if (unit is None) == (pid is None):
+    if starts_server:
+        if unit is not None or pid is not None:
+            raise InputError("unit", "a server the caller starts has neither a unit nor a pid yet")
+    elif (unit is None) == (pid is None):
         raise InputError("unit", "give exactly one of unit (a systemd unit) and pid (a process id)")
     if unit is not None and not UNIT_NAME.match(unit):
         raise InputError("unit", "%r is not a systemd unit name" % unit)
@@ -140,6 +156,7 @@ def build_config(params, proc_root="/proc"):
         unit=unit,
         pid=pid,
         log_path=params.get("log_path"),
+        follows_log=starts_server,
         ready_check=params.get("ready_check") or "completion",
         model=params.get("model"),
         api_key=params.get("api_key"),

@@ -217,3 +217,12 @@ def root_cause(tail, fatal_line=None):
     evidence = [cause] if cause is not None else []
     evidence.extend(line for line in recent[-TRACEBACK_TAIL:] if line != cause)
     return evidence
+
+
+def crash_evidence(tail):
+    """The evidence kept for a server that died, from the last lines of its output: the root cause
+    and its traceback when any line names an exception, else the last TRACEBACK_TAIL lines. One rule
+    for the wait's verdicts and the launcher's exit after ready."""
+    if any(EXCEPTION_LINE.search(line) for line in tail):
+        return root_cause(tail)
+    return tail[-TRACEBACK_TAIL:]

@@ -16,9 +16,10 @@ STACK_SAMPLES = 3
 
 class HostProbe(object):
     """Reads every signal the config names. Construct it after validation: it checks that the
-    unit exists (or remembers the identity of the pid) and raises InputError otherwise."""
+    unit exists (or remembers the identity of the pid) and raises InputError otherwise.
+    output: where else the server's output is read from (the launcher's pipe from its engine)."""
 
-    def __init__(self, config, runner=run_command, proc_root="/proc", nvml=None):
+    def __init__(self, config, runner=run_command, proc_root="/proc", nvml=None, output=None):
         self.config = config
         self.runner = runner
         self.proc_root = proc_root
@@ -57,6 +58,8 @@ class HostProbe(object):
             self.root_start = root["starttime"]
         if config.log_path:
             self.sources.append(FileTailer(config.log_path))
+        if output is not None:
+            self.sources.append(output)
 
     def _processes(self, unit):
         """(the root pid, {pid: info} of the server's processes, {pid: info} of modelwake's launcher

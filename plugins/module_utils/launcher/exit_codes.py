@@ -1,0 +1,9 @@
+"""The launcher's exit statuses: what the unit's Restart= and RestartPreventExitStatus= act on."""
+from ..readiness.phases import FAILED, STALLED, TIMEOUT
+
+EXIT_USAGE = 2  # bad options: nothing was started (argparse uses 2 too)
+EXIT_FAILED = 3  # the engine crashed before it was ready
+EXIT_STALLED = 4  # no progress on any signal for --stall-timeout
+EXIT_TIMEOUT = 5  # still not ready at --timeout
+EXIT_ENGINE_EXITED = 6  # the engine exited after it was ready (even with status 0)
+VERDICT_EXIT = {FAILED: EXIT_FAILED, STALLED: EXIT_STALLED, TIMEOUT: EXIT_TIMEOUT}

@@ -1,0 +1,53 @@
+"""The launcher's Prometheus metrics, written for node_exporter's textfile collector.
+
+In Prometheus' own conventions (promtool check metrics): counters end in _total, a 0..1 value in
+_ratio, a point in time is _timestamp_seconds since the epoch; the unit is the label `name`, its
+full name, as node_exporter's systemd collector labels it, so the two join on(name).
+"""
+import os
+
+from ..readiness.phases import PHASES, TERMINAL
+
+
+def _label(value):
+    return str(value).replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
+
+
+def prometheus_text(name, verdict, phase_started, expected_load=None):
+    """node_exporter textfile-collector metrics for one verdict of the unit `name` (its full name,
+    e.g. sglang-k26.service). phase_started: when the current phase began, wall-clock seconds since
+    the epoch; expected_load: the expected load time in seconds, or None. A value still unknown
+    (no bytes read yet, no ETA) is left out rather than written as 0."""
+    labels = 'name="%s"' % _label(name)
+    lines = ["# HELP modelwake_phase Start-up phase of the model server: 1 for the current one, 0 for the others.",
+             "# TYPE modelwake_phase gauge"]
+    for phase in PHASES + TERMINAL:
+        lines.append('modelwake_phase{%s,phase="%s"} %d' % (labels, phase, 1 if phase == verdict.phase else 0))
+    families = [
+        ("modelwake_phase_start_timestamp_seconds", "gauge",
+         "When the current phase began, seconds since the epoch.", phase_started),
+        ("modelwake_read_bytes_total", "counter",
+         "Bytes the server's processes read from disk since the launcher started them.", verdict.bytes_read),
+        ("modelwake_load_ratio", "gauge", "Share of the model's weights loaded, 0 to 1.", verdict.fraction),
+        ("modelwake_load_eta_seconds", "gauge", "Estimated seconds until loading ends.", verdict.eta),
+        ("modelwake_load_expected_seconds", "gauge",
+         "Expected load time in seconds (the GPU preflight's estimate or the operator's).", expected_load),
+    ]
+    for metric, kind, text, value in families:
+        if value is not None:
+            lines += ["# HELP %s %s" % (metric, text), "# TYPE %s %s" % (metric, kind),
+                      "%s{%s} %s" % (metric, labels, value)]
+    return "\n".join(lines) + "\n"
+
+
+def write_textfile(path, text):
+    """Atomically: the collector must never read a half-written file. Returns an error or None."""
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    try:
+        with open(tmp, "w") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)
+        os.rename(tmp, path)
+    except OSError as exc:
+        return "textfile %s could not be written: %s" % (path, exc)
+    return None
