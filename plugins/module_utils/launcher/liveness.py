@@ -1,4 +1,5 @@
 """After READY=1: does the engine still answer? Asked before each watchdog ping (--liveness-failures)."""
+from ..common.formatting import http_result
 from ..host import http_probe
 
 # What a liveness probe after ready asks: /health (cheap), or a real completion (vLLM's /health stays
