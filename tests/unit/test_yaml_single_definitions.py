@@ -9,10 +9,8 @@ import textwrap
 
 import yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-
-import yaml_repeats  # noqa: E402  (tools/ is not a package)
+from tests.helpers import ROOT
+from tools import yaml_repeats
 
 THE_WAIT = "roles/model_service/tasks/wait.yml"
 
