@@ -23,6 +23,7 @@ from ansible_collections.modelwake.serving.plugins.module_utils.launcher.exit_co
 
 from tests.helpers import SIM_PATH, free_port, launcher_package
 from tests.helpers.notify_listener import NotifyListener
+from tests.helpers.simharness import start_hub
 
 FAST = ["--start-seconds", "0.5", "--init-seconds", "2", "--warmup-seconds", "0.5", "--load-rate-mib", "16",
         "--disable-cuda-graph"]
@@ -279,3 +280,27 @@ def test_sigterm_during_the_load_leaves_no_process(launch):
     assert run.wait(20) == 0
     assert run.survivors() == []
     assert run.listener.fields("READY") == []
+
+
+@pytest.mark.parametrize("arrival", ["download", "stream"])
+def test_weights_from_the_network_are_named_in_the_status_while_they_arrive(launch, tmp_path, model_dir, arrival):
+    """A hub download (silent log) or a streamed load, each longer than the stall timeout: STATUS=
+    says where the weights come from, and the start ends ready, not stalled."""
+    server = start_hub(model_dir, "org/k26", rate_mib=3)
+    try:
+        if arrival == "download":
+            run = launch(sim_args=["--model-path", "org/k26"],
+                         env={"HF_ENDPOINT": server.url, "HF_HUB_CACHE": str(tmp_path / "hub")})
+            expected = "downloading org/k26 "
+        else:
+            run = launch(sim_args=["--load-format", "runai_streamer", "--model-path", server.url + "/org/k26",
+                                   "--load-rate-mib", "3"])
+            expected = "streamed: "
+        run.wait_ready(timeout=120)
+    finally:
+        server.stop()
+    statuses = [value for _t, value in run.listener.fields("STATUS")]
+    named = [s for s in statuses if s.startswith("loading") and expected in s]
+    assert len(named) >= 2, statuses
+    assert not [s for s in statuses if s.startswith("stalled")]
+    assert re.match(r"ready in [\dhms]+$", statuses[-1]), statuses
