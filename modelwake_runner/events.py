@@ -28,7 +28,7 @@ import sys
 WAIT_ACTION = "wait_for_model_ready"
 # A look's keys a pipeline may want; the rest of the result (cost, internals) stays out.
 LOOK_KEYS = ("unit", "phase", "elapsed", "bytes_read", "read_rate", "fraction", "eta", "shards", "gpu",
-             "log_line", "where", "stacks", "stacks_unavailable", "since", "last_progress")
+             "log_line", "where", "stacks", "stacks_unavailable", "since", "last_progress", "source")
 VERDICT_KEYS = ("unit", "phase", "elapsed", "msg", "phases", "evidence", "where", "stacks", "restarts", "pid")
 TASK_END = {"runner_on_ok": "ok", "runner_on_failed": "failed", "runner_on_skipped": "skipped",
             "runner_on_unreachable": "unreachable"}
