@@ -69,10 +69,10 @@ def test_a_slow_download_is_loading_with_its_source_and_never_stalled():
     seen = run(cfg, looks)
     assert [v.phase for _t, v in seen[1:]] == ["loading"] * (len(seen) - 1)
     last = seen[-1][1]
-    assert last.source["kind"] == "download" and last.source["file"] == "org/k26 4f1e.incomplete"
+    assert last.source["kind"] == "download" and last.source["file"] == "org/k26 blob 4f1e"
     assert last.source["bytes"] == arrival.partial and last.source["rate"] == pytest.approx(100 * 1024, rel=0.02)
-    assert last.last_progress["what"].startswith("download +0.5 MiB (org/k26 4f1e.incomplete)")
-    assert format_status(last, 1200).startswith("loading (downloading org/k26 4f1e.incomplete: ")
+    assert last.last_progress["what"].startswith("download +0.5 MiB (org/k26 blob 4f1e)")
+    assert format_status(last, 1200).startswith("loading (downloading org/k26 blob 4f1e: ")
 
 
 def test_a_download_that_stops_is_stalled_from_its_last_byte_and_names_the_file():
@@ -83,8 +83,8 @@ def test_a_download_that_stops_is_stalled_from_its_last_byte_and_names_the_file(
     seen = run(cfg, looks)
     t, verdict = seen[-1]
     assert verdict.phase == "stalled" and t == 100  # the last byte came at t=40
-    assert "last progress: download +20.0 MiB (org/k26 4f1e.incomplete) at +40 s" in verdict.msg, verdict.msg
-    assert ("waiting on the network: the download of org/k26 4f1e.incomplete stopped at 160.0 MiB, no byte for 60 s"
+    assert "last progress: download +20.0 MiB (org/k26 blob 4f1e) at +40 s" in verdict.msg, verdict.msg
+    assert ("waiting on the network: the download of org/k26 blob 4f1e stopped at 160.0 MiB, no byte for 60 s"
             in verdict.msg), verdict.msg
 
 
@@ -119,6 +119,19 @@ def test_a_disk_read_through_read_2_is_not_taken_for_a_stream():
         looks.append(arrival.look(t, stream=50 * MIB))
     last = run(cfg, looks)[-1][1]
     assert last.source is None and last.last_progress["what"].startswith("read_bytes +250.0 MiB")
+
+
+def test_reads_after_a_download_are_the_downloaded_files_not_a_stream():
+    # The files just written are in the page cache: loading them grows rchar, not read_bytes.
+    cfg = config(engine="sglang", stall_timeout=30, poll_interval=5)
+    arrival = Arrival()
+    looks = [arrival.look(0, lines=[LOAD_BEGIN])] + [arrival.look(t, download=4 * MIB) for t in range(5, 25, 5)]
+    looks += [arrival.look(t, stream=50 * MIB, partial_present=False) for t in range(25, 60, 5)]
+    seen = run(cfg, looks)
+    assert not [v for _t, v in seen if v.terminal]
+    last = seen[-1][1]
+    assert last.last_progress["what"].startswith("reads +250.0 MiB from the page cache")
+    assert last.source is None  # downloaded: no longer "downloading" in STATUS=
 
 
 def test_infiniband_bytes_are_progress_while_loading_only():

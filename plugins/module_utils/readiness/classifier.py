@@ -504,8 +504,12 @@ class Classifier(object):
         elif growth[WRITTEN] is not None and growth[WRITTEN] >= threshold:
             events.append("written +%s" % _mib(growth[WRITTEN]))
         if growth[STREAM] is not None and growth[STREAM] >= threshold:
-            events.append("socket reads +%s (rchar beyond read_bytes)" % _mib(growth[STREAM]))
-            transfers.arrived(t, STREAM)
+            if transfers.downloaded():
+                # The files just downloaded, read back from the page cache: loading, not a stream.
+                events.append("reads +%s from the page cache (rchar beyond read_bytes)" % _mib(growth[STREAM]))
+            else:
+                events.append("socket reads +%s (rchar beyond read_bytes)" % _mib(growth[STREAM]))
+                transfers.arrived(t, STREAM)
             arriving = True
         # Received over InfiniBand: the host's ports count for every job, so only while loading.
         if growth[INFINIBAND] is not None and growth[INFINIBAND] >= threshold and st.phase in (STARTING, LOADING):
@@ -815,6 +819,8 @@ class Classifier(object):
         transfers = self.state.transfers
         if transfers.source is None or self.state.phase not in (STARTING, LOADING):
             return None
+        if transfers.source == DOWNLOAD and not (snap.downloads or {}).get("files"):
+            return None  # downloaded: what loads now comes from the cache's files
         source = {"kind": transfers.source, "bytes": transfers.totals[transfers.source],
                   "rate": None if transfers.rate() is None else round(transfers.rate(), 1),
                   "file": None, "expected": None}
@@ -829,8 +835,12 @@ class Classifier(object):
 
 
 def _download_name(download):
-    """`org/name model-00003-of-00064.safetensors` (or the blob's name where the file's is unknown)."""
-    return " ".join(part for part in (download.get("repo"), download.get("file")) if part) or "a file"
+    """`org/name model-00003-of-00064.safetensors`, or where the file's name is not on disk yet (the hub
+    cache links it only once complete) its blob, short: `org/name blob 4bed0b2e3919`."""
+    what = download.get("file")
+    if not what and download.get("blob"):
+        what = "blob " + download["blob"].split(".")[0][:12]
+    return " ".join(part for part in (download.get("repo"), what) if part) or "a file"
 
 
 # A host whose run queue holds this many runnable processes per core, or whose 1-minute load is
@@ -850,4 +860,3 @@ def _saturation_note(load):
         return ""
     return ("; the host's CPUs are saturated (%d runnable, load %.1f on %d cores): the ranks may be starved "
             "of CPU rather than hung" % (load.get("runnable") or 0, load.get("load1") or 0.0, load["cores"]))
-

@@ -49,6 +49,11 @@ class TransferTracker(object):
                 self.totals[way] += grown
         return growth
 
+    def downloaded(self):
+        """Whether this wait saw a download: reads beyond the disk after it are the downloaded files,
+        read back from the page cache, not a stream."""
+        return self.download is not None
+
     def arrived(self, t, way):
         """`way` brought bytes in at this look: it is the load's source now."""
         if self.source != way:
@@ -101,7 +106,7 @@ class TransferTracker(object):
                 before = 0
             if before is not None and size > before:
                 grown += size - before
-                self.download = {"repo": entry.get("repo"), "file": entry.get("file") or entry.get("blob"),
+                self.download = {"repo": entry.get("repo"), "file": entry.get("file"), "blob": entry.get("blob"),
                                  "bytes": size, "since": t}
                 self.download_t = t
         self.partial_sizes = sizes
@@ -109,6 +114,6 @@ class TransferTracker(object):
         if self.download is not None and self.download.get("since") != t:
             # The file last seen growing: its size now, if it is still there.
             for entry in downloads.get("files") or []:
-                if (entry.get("file") or entry.get("blob")) == self.download["file"]:
+                if entry.get("blob") == self.download["blob"]:
                     self.download["bytes"] = entry.get("bytes") or 0
         return grown
