@@ -16,6 +16,7 @@ server is ready is the ready check's to say, and a failure is the unit's state's
 import re
 
 from ..common.formatting import duration, size
+from ..common.units import MIB
 from .phases import INITIALIZING, LOADING, NOT_STARTED, READY, STARTING, TERMINAL
 
 # Phases a STATUS= text may open with and the reader believes.
@@ -55,11 +56,13 @@ def format_status(verdict, elapsed):
     if phase == LOADING:
         head = "loading" if verdict.fraction is None else "loading %d%%" % int(verdict.fraction * 100)
         parts = []
+        # While the weights come from the network, the disk's own figures say nothing (0 MiB read).
+        disk = not getattr(verdict, "source", None) or (verdict.read_rate or 0) >= MIB
         if verdict.shards:
             parts.append("%d/%d shards" % tuple(verdict.shards))
-        elif verdict.bytes_read:
+        elif verdict.bytes_read and disk:
             parts.append("%s read" % size(verdict.bytes_read, mib_digits=0))
-        if verdict.read_rate:
+        if verdict.read_rate and disk:
             parts.append("%s/s" % size(verdict.read_rate, mib_digits=0))
         if verdict.eta is not None:
             parts.append("ETA %s" % duration(verdict.eta))
