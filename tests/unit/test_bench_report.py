@@ -134,6 +134,11 @@ def every_section():
         {"concurrency": 1, "tokens_per_s": 39.1, "requests_per_s": 0.61, "latency_p50": 1.6, "latency_p90": 1.6,
          "latency_p99": 1.6, "errors": 0}]}
     data["fanout"] = {"status": "measured", "levels": [{"hosts": 1, "wall_s": 12.7, "rc": 0, "failed": 0}]}
+    data["arrivals"] = {"stall_timeout": 10, "poll_interval": 1.0, "rate_mib": 4.0, "weights_bytes": 192 * 1048576,
+                        "cases": [{"arrival": "download", "engine": "vllm", "phase": "ready", "msg": "ready after 60 s",
+                                   "elapsed": 60.0, "looks_with_source": 48, "stalled_after_last_byte_s": None,
+                                   "source": {"kind": "download", "bytes": 192 * 1048576, "rate": 4194304.0},
+                                   "statuses": ["+20 s: loading (downloading org/k26-sim x: 80 MiB at 4 MiB/s)"]}]}
     return data
 
 
@@ -149,3 +154,10 @@ def test_the_committed_report_has_the_benchs_sections_in_its_order():
     bench_part = committed.split("\n# Measured outside `make bench`\n")[0]
     assert headings(bench_part) == headings(report.render(every_section(), {}))
     assert bench_part.split("\n")[2].startswith("Written by `make bench` (`bench/run.py`; `--only STEP,...` ")
+
+
+def test_the_arrivals_section_gives_each_verdict_and_the_status_lines():
+    text = "\n".join(report._arrivals_section(every_section()["arrivals"]))
+    assert "| download | vllm | ready | 60.0 s | 48 | download 192.0 MiB at 4.0 MiB/s |" in text
+    assert "    +20 s: loading (downloading org/k26-sim x: 80 MiB at 4 MiB/s)" in text
+    assert report._arrivals_section(None) == []

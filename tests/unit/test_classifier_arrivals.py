@@ -29,7 +29,7 @@ class Arrival(object):
         self.partial = 0
         self.ib = 0
 
-    def look(self, t, lines=(), download=0, stream=0, ib=0, cpu=0.0, partial_present=True):
+    def look(self, t, lines=(), download=0, stream=0, ib=0, cpu=0.0, partial_present=True, weight_files_open=0):
         """Rates in bytes/s since the previous look: download (into the .incomplete file, written),
         stream (read(2) from a socket), ib (received by the host's HCAs)."""
         dt = 0 if self.t is None else t - self.t
@@ -41,6 +41,7 @@ class Arrival(object):
         self.counters["rchar"] += int(stream * dt)
         self.ib += int(ib * dt)
         process = dict(self.counters, root_pid=self.pids[0], alive=True, pids=list(self.pids),
+                       weight_files_open=weight_files_open if stream else None,
                        states=dict((str(p), "S") for p in self.pids), comms=dict((str(p), "python3") for p in self.pids))
         files = [{"repo": "org/k26", "blob": "4f1e.incomplete", "file": None, "bytes": self.partial,
                   "path": BLOB}] if partial_present else []
@@ -119,6 +120,18 @@ def test_a_disk_read_through_read_2_is_not_taken_for_a_stream():
         looks.append(arrival.look(t, stream=50 * MIB))
     last = run(cfg, looks)[-1][1]
     assert last.source is None and last.last_progress["what"].startswith("read_bytes +250.0 MiB")
+
+
+def test_reads_beyond_the_disk_with_a_weight_file_open_are_the_page_cache_not_a_stream():
+    # A local model already in the page cache, read with read(2): rchar grows, read_bytes does not.
+    cfg = config(stall_timeout=30, poll_interval=5)
+    arrival = Arrival()
+    looks = [arrival.look(0)] + [arrival.look(t, stream=50 * MIB, weight_files_open=2) for t in range(5, 120, 5)]
+    seen = run(cfg, looks)
+    assert not [v for _t, v in seen if v.terminal]
+    last = seen[-1][1]
+    assert last.source is None and last.phase == "loading"
+    assert last.last_progress["what"].startswith("reads +250.0 MiB from the page cache")
 
 
 def test_reads_after_a_download_are_the_downloaded_files_not_a_stream():

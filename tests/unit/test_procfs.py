@@ -304,3 +304,14 @@ def test_written_bytes_survive_an_exit_and_a_reaper_takes_over_without_double_co
     # Then the parent itself writes 3 MiB more: that is new.
     counter.update({1: proc(1, 1, write_bytes=28 * MIB, wchar=28 * MIB, rchar=8 * MIB)})
     assert counter.io_totals()["write_bytes"] == 28 * MIB and counter.io_totals()["wchar"] == 28 * MIB
+
+
+def test_open_weight_files_counts_the_weights_a_process_holds_open(tmp_path):
+    shard = tmp_path / "model-00001-of-00002.safetensors"
+    shard.write_bytes(b"\0" * 16)
+    other = tmp_path / "config.json"
+    other.write_text("{}")
+    with open(str(shard), "rb"), open(str(other)):
+        assert procfs.open_weight_files([os.getpid()]) == 1
+    assert procfs.open_weight_files([os.getpid()]) == 0
+    assert procfs.open_weight_files([], proc_root=str(tmp_path)) is None  # no fd table read: unknown

@@ -85,6 +85,31 @@ def read_process(pid, proc_root="/proc"):
     return info
 
 
+# The files weights are kept in: a read(2) beyond the disk's while one is open is the page cache.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".incomplete")
+
+
+def open_weight_files(pids, proc_root="/proc"):
+    """How many weight files (WEIGHT_SUFFIXES) the processes hold open, or None when not one fd table
+    could be read (another user's processes without privileges)."""
+    found, readable = 0, False
+    for pid in pids:
+        directory = os.path.join(proc_root, str(pid), "fd")
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        readable = True
+        for name in names:
+            try:
+                target = os.readlink(os.path.join(directory, name))
+            except OSError:
+                continue
+            if target.endswith(WEIGHT_SUFFIXES):
+                found += 1
+    return found if readable else None
+
+
 def load(proc_root="/proc"):
     """The host's CPU pressure: {"runnable": processes runnable now, "load1": the 1-minute load
     average, "cores": CPUs online}, or None where /proc/loadavg cannot be read."""

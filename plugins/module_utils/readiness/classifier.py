@@ -504,8 +504,9 @@ class Classifier(object):
         elif growth[WRITTEN] is not None and growth[WRITTEN] >= threshold:
             events.append("written +%s" % _mib(growth[WRITTEN]))
         if growth[STREAM] is not None and growth[STREAM] >= threshold:
-            if transfers.downloaded():
-                # The files just downloaded, read back from the page cache: loading, not a stream.
+            if transfers.downloaded() or proc.get("weight_files_open") != 0:
+                # Weight files open (or just downloaded): read back from the page cache, loading; a
+                # stream is reads with no weight file open.
                 events.append("reads +%s from the page cache (rchar beyond read_bytes)" % _mib(growth[STREAM]))
             else:
                 events.append("socket reads +%s (rchar beyond read_bytes)" % _mib(growth[STREAM]))

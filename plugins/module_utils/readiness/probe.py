@@ -5,6 +5,7 @@ import time
 from ..host import http_probe, hub_cache, infiniband, procfs, systemd
 from ..common.command import run_command
 from ..common.errors import InputError
+from ..common.units import MIB
 from ..host.gpu import GpuReader
 from ..host.logs import FileTailer, JournalReader
 from ..host.stacks import StackReader, process_name, rank_of
@@ -36,6 +37,7 @@ class HostProbe(object):
         self.hub = hub_cache.HubCacheReader(config.unit, runner=runner, proc_root=proc_root)
         self.infiniband_root = infiniband.SYSFS_ROOT
         self.zombies = {}  # unit mode: the unit's unreaped dead processes at the latest look
+        self.reads_prev = (None, None)  # the tree's rchar and read_bytes at the previous look
         self.sources = []
         self.journal = None
         self.root_start = None
@@ -124,6 +126,8 @@ class HostProbe(object):
             # The ranks by their titles (`sglang::scheduler_TP2`, `VLLM::Worker_TP1`): who died, by name.
             "ranks": dict((str(p), rank) for p, rank in ((p, rank_of(process_name(i))) for p, i in processes.items())
                           if rank is not None),
+            # Weight files open while rchar outgrows read_bytes: the page cache, else a socket (a stream).
+            "weight_files_open": self._weight_files_open(processes, io_totals, read_bytes),
             # How the zombies among them ended (a dead rank its blocked parent has not reaped).
             "exits": dict((str(p), i["exit_status"]) for p, i in list(processes.items()) + list(self.zombies.items())
                           if i.get("exit_status") is not None),
@@ -164,6 +168,18 @@ class HostProbe(object):
                         downloads=self.hub.read(processes) if processes else None,
                         ib_rcv_bytes=infiniband.received_bytes(ib_ports), ib_ports=ib_ports or None,
                         load=procfs.load(self.proc_root))
+
+    def _weight_files_open(self, processes, io_totals, read_bytes):
+        """procfs.open_weight_files, asked only at a look where rchar grew by a MiB beyond read_bytes
+        (the fd tables of a large tree are many readlinks); None at the others."""
+        rchar = io_totals.get("rchar")
+        previous, self.reads_prev = self.reads_prev, (rchar, read_bytes)
+        if rchar is None or previous[0] is None:
+            return None
+        beyond_disk = (rchar - previous[0]) - ((read_bytes or 0) - (previous[1] or 0))
+        if beyond_disk < MIB:
+            return None
+        return procfs.open_weight_files(sorted(processes), self.proc_root)
 
     def _peer_connections(self):
         """Per other node of a multi-node group, its connections to the dist-init port (either

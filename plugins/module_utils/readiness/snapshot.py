@@ -10,8 +10,9 @@ from typing import Any, Dict, List, Optional
 class Snapshot(object):
     t: float  # seconds since the wait began (monotonic clock)
     # Process tree: {"root_pid", "alive", "pids", "cpu_seconds", "read_bytes", "write_bytes", "rchar",
-    # "wchar", "states", "comms", "cpu", "ranks", "exits"}; ranks: str(pid) -> TP index by title;
-    # exits: str(pid) -> a zombie's waitpid() status. states/comms/cpu (own CPU seconds) map str(pid) -> value;
+    # "wchar", "states", "comms", "cpu", "ranks", "exits", "weight_files_open"}; ranks: str(pid) -> TP
+    # index by title; exits: str(pid) -> a zombie's waitpid() status; weight_files_open: how many weight
+    # files the tree holds open, read only at a look whose rchar outgrew read_bytes (else None). states/comms/cpu (own CPU seconds) map str(pid) -> value;
     # the byte totals (host/procfs.py IO_COUNTERS) are None when /proc/<pid>/io is unreadable, and
     # absent from traces recorded before they were read.
     process: Dict[str, Any] = dataclasses.field(default_factory=dict)
