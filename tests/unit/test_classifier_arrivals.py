@@ -280,3 +280,17 @@ def test_a_reaped_rank_is_named_without_an_exit_status():
     looks.append(tree.look(5))
     _t, verdict = run(cfg, looks)[-1]
     assert verdict.phase == "failed" and "rank TP1 (pid 102) died (exit status unknown: reaped)" in verdict.msg
+
+
+def test_a_burst_of_cached_reads_is_not_a_stream_and_a_stream_that_ended_is_no_longer_the_source():
+    # Python's imports read a few MiB from the page cache in one look, no weight file open.
+    cfg = config(stall_timeout=60, poll_interval=5)
+    arrival = Arrival()
+    looks = [arrival.look(0), arrival.look(5, stream=MIB), arrival.look(10, cpu=0.5)]
+    looks += [arrival.look(t, stream=10 * MIB) for t in range(15, 40, 5)]
+    looks += [arrival.look(t, cpu=0.5) for t in range(40, 60, 5)]
+    seen = dict(run(cfg, looks))
+    assert seen[5].source is None and seen[5].last_progress["what"].startswith("reads +5.0 MiB from the page cache")
+    assert seen[15].source is None  # the first look of a stream could still be a burst
+    assert seen[20].source["kind"] == "stream" and seen[35].source["kind"] == "stream"
+    assert seen[55].source is None  # nothing has come over the socket for four looks

@@ -503,14 +503,17 @@ class Classifier(object):
             arriving = True
         elif growth[WRITTEN] is not None and growth[WRITTEN] >= threshold:
             events.append("written +%s" % _mib(growth[WRITTEN]))
-        if growth[STREAM] is not None and growth[STREAM] >= threshold:
-            if transfers.downloaded() or proc.get("weight_files_open") != 0:
-                # Weight files open (or just downloaded): read back from the page cache, loading; a
-                # stream is reads with no weight file open.
-                events.append("reads +%s from the page cache (rchar beyond read_bytes)" % _mib(growth[STREAM]))
-            else:
+        beyond_disk = growth[STREAM] is not None and growth[STREAM] >= threshold
+        no_weight_file = proc.get("weight_files_open") == 0 and not transfers.downloaded()
+        transfers.socket_looks = transfers.socket_looks + 1 if beyond_disk and no_weight_file else 0
+        if beyond_disk:
+            # A stream reads a socket, look after look, with no weight file open. Weight files open
+            # (or just downloaded), or a burst such as Python's imports: the page cache.
+            if transfers.socket_looks >= STREAM_LOOKS:
                 events.append("socket reads +%s (rchar beyond read_bytes)" % _mib(growth[STREAM]))
                 transfers.arrived(t, STREAM)
+            else:
+                events.append("reads +%s from the page cache (rchar beyond read_bytes)" % _mib(growth[STREAM]))
             arriving = True
         # Received over InfiniBand: the host's ports count for every job, so only while loading.
         if growth[INFINIBAND] is not None and growth[INFINIBAND] >= threshold and st.phase in (STARTING, LOADING):
@@ -820,6 +823,9 @@ class Classifier(object):
         transfers = self.state.transfers
         if transfers.source is None or self.state.phase not in (STARTING, LOADING):
             return None
+        if self.config.poll_interval and transfers.source_t is not None and \
+                self._wait_t(snap) - transfers.source_t > 2 * self.config.poll_interval + 1:
+            return None  # nothing came that way lately: it is not where the weights come from now
         if transfers.source == DOWNLOAD and not (snap.downloads or {}).get("files"):
             return None  # downloaded: what loads now comes from the cache's files
         source = {"kind": transfers.source, "bytes": transfers.totals[transfers.source],
@@ -830,9 +836,17 @@ class Classifier(object):
             source["expected"] = (snap.downloads or {}).get("expected")
         return source
 
+    def _wait_t(self, snap):
+        """A snapshot's time on the wait's clock (seconds since the first look)."""
+        return snap.t - (self.state.t0 or 0.0)
+
     @staticmethod
     def _secs(seconds):
         return "%d s" % round(seconds)
+
+
+# Looks in a row of reads beyond the disk with no weight file open before they are called a stream.
+STREAM_LOOKS = 2
 
 
 def _download_name(download):

@@ -33,6 +33,7 @@ class TransferTracker(object):
     source: Optional[str] = None  # the way the latest bytes came (DOWNLOAD, STREAM, INFINIBAND)
     source_t: Optional[float] = None  # when they came
     samples: List[List[float]] = dataclasses.field(default_factory=list)  # [t, bytes of `source`] over RATE_WINDOW
+    socket_looks: int = 0  # consecutive looks whose reads beyond the disk had no weight file open
 
     def fold(self, t, process, downloads, ib_rcv_bytes):
         """One look's counters in; the growth since the previous look out, per way (None where
