@@ -5,12 +5,14 @@ its pictures (tools/timeline.py) into the output directory.
 """
 import os
 
+from ansible_collections.modelwake.serving.plugins.module_utils.common.formatting import size
+
 READY = "ready"
 # The verdict the module must give per scenario; the fixed waits only say ready or give up.
 MODULE_EXPECTS = {"normal": READY, "crash-loading": "failed", "hang-loading": "stalled", "hang-ready": "stalled"}
 EARLY_TOLERANCE = 0.5  # s: the ready line is stamped when read from the pipe, a little after the port opens
 # bench/run.py's steps, in the order it runs them (--only picks some).
-STEPS = ("scenarios", "cost", "stacks", "throughput", "rerun", "fanout", "realvllm")
+STEPS = ("scenarios", "cost", "stacks", "arrivals", "throughput", "rerun", "fanout", "realvllm")
 
 
 def judge(scenario, approach, said, verdict_t, truth_t, msg=""):
@@ -196,6 +198,7 @@ def render(results, pictures):
             lines += ["Not measured: %s" % real.get("why", real.get("msg")), ""]
     lines += _cost_section(_cost_phases(results.get("cost")))
     lines += _stacks_section(results.get("stacks"))
+    lines += _arrivals_section(results.get("arrivals"))
     throughput = results.get("throughput") or {}
     if throughput.get("levels"):
         lines += ["## Throughput of the simulated engine", "",
@@ -318,6 +321,38 @@ def _cost_section(phases):
             cost_total(phase), cost_share(phase), "–" if steady is None else "%.2f %%" % steady, phase["peak_rss_mib"]))
     lines += ["", "The module's start is paid once per wait; the rest grows with the wait. A real K2.6 start "
               "(16 minutes of loading, then JIT and warm-up) pays the start over more than 1,000 s.", ""]
+    return lines
+
+
+def _arrivals_section(measured):
+    """The module on weights from the network: each arrival's verdict, and the STATUS= of its looks."""
+    if not measured:
+        return []
+    lines = ["## Weights from the network", "",
+             "The simulator's hub server (`python -m modelwake_sim hub`, a process outside the watched tree) "
+             "serves the %s MiB model at %g MiB/s per connection; the module looks every %g s with "
+             "`stall_timeout: %s`, so each arrival lasts several stall timeouts. The download is vLLM's (its log "
+             "silent from `Using model weights format` to `Time spent downloading weights`), the stream SGLang's "
+             "Run:ai streamer with no log followed (its socket reads alone), the stopped download SGLang's with the "
+             "server going quiet half-way, the socket open."
+             % (_num(measured["weights_bytes"] / 1048576.0, "%.0f"), measured["rate_mib"], measured["poll_interval"],
+                measured["stall_timeout"]), "",
+             "| arrival | engine | verdict | after | looks naming the source | source at the last such look |",
+             "|---|---|---|---|---|---|"]
+    for case in measured["cases"]:
+        source = case.get("source") or {}
+        after = ("%s s (%s s after its last progress, %s)" % (_num(case["elapsed"]), _num(case["stalled_after_last_byte_s"]),
+                                                              case.get("last_progress", "?").split(" (")[0])
+                 if case.get("stalled_after_last_byte_s") is not None else "%s s" % _num(case["elapsed"]))
+        lines.append("| %s | %s | %s | %s | %d | %s %s at %s/s |" % (
+            case["arrival"], case["engine"], case["phase"], after, case["looks_with_source"], source.get("kind", "-"),
+            size(source.get("bytes") or 0), size(source.get("rate") or 0)))
+    for case in measured["cases"]:
+        lines += ["", "%s (%s): STATUS= while the weights arrived, and the verdict:" % (case["arrival"], case["engine"]), ""]
+        lines += ["    %s" % status for status in case["statuses"]]
+        if case["phase"] != "ready":
+            lines += ["", "The verdict's message: `%s`" % case["msg"]]
+    lines.append("")
     return lines
 
 

@@ -31,7 +31,7 @@ from bench import report, simrun  # noqa: E402
 from modelwake_runner.cli import run_playbook  # noqa: E402  (ansible-runner: every play's events as data)
 from tests.fakes import fake_nvml  # noqa: E402  (the fake libnvidia-ml.so.1: scripted GPUs read through NVML)
 from tests.helpers import FAKES, ROOT, TESTHOSTS, VENV_BIN, free_port, poll  # noqa: E402
-from tests.helpers.simharness import descendants, make_model  # noqa: E402
+from tests.helpers.simharness import descendants, make_model, sim_env  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -417,6 +417,88 @@ def measure_stacks(model, work, reads=20, stall=10, poll=1.0):
     return {"cost": cost, "stall_timeout": stall, "poll_interval": poll, "verdicts": verdicts}
 
 
+# -- weights from the network -----------------------------------------------------------------------
+
+ARRIVAL_REPO = "org/k26-sim"
+ARRIVAL_SIM_ARGS = ["--tp", "2", "--disable-cuda-graph", "--start-seconds", "1", "--init-seconds", "3",
+                    "--warmup-seconds", "1"]
+
+
+def measure_arrivals(model, work, stall=10, poll=1.0, rate_mib=4.0):
+    """The module watching weights that arrive by the network, each for longer than stall_timeout, from
+    the simulator's local hub server (modelwake_sim.hub, outside the watched tree): a hub download
+    (vLLM, whose log says nothing while it downloads), a streamed load (SGLang with the Run:ai
+    streamer's socket reads, no log followed: the counters alone), and a download whose server stops
+    sending with the socket open. For each: the verdict, when it came, and the launcher's STATUS= text
+    of the looks while the weights arrived (readiness/status.py, from the module's progress file)."""
+    from ansible_collections.modelwake.serving.plugins.module_utils.readiness.status import format_status
+    from ansible_collections.modelwake.serving.plugins.module_utils.readiness.verdict import Verdict
+    base = os.path.join(work, "arrivals")
+    os.makedirs(base, exist_ok=True)
+    weights = sum(os.path.getsize(path) for path in glob.glob(os.path.join(model, "*.safetensors")))
+    cases = (
+        ("download", "vllm", ["--rate-mib", str(rate_mib)], lambda url: (ARRIVAL_REPO, [], {"HF_ENDPOINT": url})),
+        ("stream", "sglang", [], lambda url: ("%s/%s" % (url, ARRIVAL_REPO),
+                                               ["--load-format", "runai_streamer", "--load-rate-mib", str(rate_mib)], {})),
+        ("stopped download", "sglang", ["--rate-mib", str(rate_mib), "--stall-after-mib", str(weights // 2 // 1048576)],
+         lambda url: (ARRIVAL_REPO, [], {"HF_ENDPOINT": url})),
+    )
+    measured = {"stall_timeout": stall, "poll_interval": poll, "rate_mib": rate_mib, "weights_bytes": weights,
+                "cases": []}
+    for label, engine, server_options, arrival in cases:
+        # The hub in a process of its own, outside the watched tree, as the model hub is.
+        port = free_port()
+        server = subprocess.Popen([sys.executable, "-m", "modelwake_sim", "hub", model, "--repo", ARRIVAL_REPO,
+                                   "--port", str(port)] + server_options, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, env=sim_env(), start_new_session=True)
+        server.stdout.readline()  # it serves once it says so
+        url = "http://127.0.0.1:%d" % port
+        model_path, args, env = arrival(url)
+        cache = os.path.join(base, label.replace(" ", "-") + "-hub")
+        shutil.rmtree(cache, ignore_errors=True)
+        env = dict(env, HF_HUB_CACHE=cache)
+        tag = label.replace(" ", "-")
+        sim = simrun.SimRun(engine, model_path, _fresh(os.path.join(base, tag + ".log")), ARRIVAL_SIM_ARGS + args,
+                            env=env).start()
+        progress = _fresh(os.path.join(base, tag + ".progress.jsonl"))
+        try:
+            extra = {"bench_approach": "module", "bench_url": sim.url, "bench_pid": sim.proc.pid,
+                     "bench_engine": engine, "bench_module_timeout": 300, "bench_stall_timeout": stall,
+                     "bench_poll_interval": poll, "bench_progress_path": progress, "bench_ignore_errors": True}
+            if label != "stream":
+                extra["bench_log_path"] = sim.log_path
+            play = Play(os.path.join(HERE, "waits.yml"), [_localhost_inventory(base)], extra, env=ansible_env(),
+                        timeout=600)
+        finally:
+            sim.stop()
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        with open(progress) as handle:
+            looks = [json.loads(line) for line in handle if line.strip()]
+        if not looks:
+            raise RuntimeError("no look from bench/waits.yml (rc %s): %s" % (play.rc, play.text[-600:]))
+        t0 = looks[0]["snapshot"]["t"]
+        final = looks[-1]["verdict"]
+        arriving = [look for look in looks if look["verdict"].get("source")]
+        statuses = []
+        for look in arriving[::max(1, len(arriving) // 4)][:4] + looks[-1:]:
+            verdict = look["verdict"]
+            fields = dict((k, verdict.get(k)) for k in ("phase", "msg", "evidence", "since", "fraction", "shards",
+                                                      "bytes_read", "read_rate", "eta", "where", "source"))
+            elapsed = look["snapshot"]["t"] - t0
+            statuses.append("+%.0f s: %s" % (elapsed, format_status(Verdict(**fields), elapsed)))
+        case = {"arrival": label, "engine": engine, "phase": final["phase"], "msg": final["msg"][:400],
+                "elapsed": round(looks[-1]["snapshot"]["t"] - t0, 1),
+                "looks_with_source": len(arriving), "source": (arriving[-1]["verdict"]["source"] if arriving else None),
+                "statuses": statuses, "stalled_after_last_byte_s": None}
+        if final["phase"] == "stalled" and final.get("last_progress"):
+            # From the last progress the module saw (the download's last byte) to its verdict.
+            case["stalled_after_last_byte_s"] = round(case["elapsed"] - final["last_progress"]["t"], 1)
+            case["last_progress"] = final["last_progress"]["what"]
+        measured["cases"].append(case)
+    return measured
+
+
 # -- throughput on the sim -------------------------------------------------------------------------
 
 def measure_throughput(model, work):
@@ -638,6 +720,8 @@ def main(argv=None):
     for step, what, measure in (("cost", "the module's own cost", lambda: dict((phase, measure_cost(model, work, phase))
                                                                                   for phase in COST_PHASES)),
                                 ("stacks", "the ranks' stacks: cost and the spinning hang", lambda: measure_stacks(model, work)),
+                                ("arrivals", "weights from the network: a download, a stream, a stopped download",
+                                 lambda: measure_arrivals(model, work)),
                                 ("throughput", "throughput of the simulated engine", lambda: measure_throughput(model, work)),
                                 ("rerun", "deploy-k26.yml re-run on a ready test host", lambda: measure_rerun(work)),
                                 ("fanout", "fan-out over 1, 2 and 4 test hosts", lambda: measure_fanout(work)),
