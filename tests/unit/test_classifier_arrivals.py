@@ -12,7 +12,7 @@ from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classi
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.snapshot import Snapshot
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.status import format_status
 
-from tests.helpers.traces import MIB, SGLANG_PREFIX, config, http
+from tests.helpers.traces import MIB, SGLANG_PREFIX, config, http, replay
 from tests.unit.test_classifier_stacks import INIT, Ranks, drive
 
 LOAD_BEGIN = SGLANG_PREFIX + "Load weight begin. avail mem=90.00 GB"
@@ -51,23 +51,12 @@ class Arrival(object):
                         ib_rcv_bytes=self.ib)
 
 
-def run(cfg, looks):
-    classifier = Classifier(cfg)
-    seen = []
-    for snap in looks:
-        verdict = classifier.observe(snap)
-        seen.append((snap.t, verdict))
-        if verdict.terminal or verdict.phase == "ready":
-            break
-    return seen
-
-
 def test_a_slow_download_is_loading_with_its_source_and_never_stalled():
     # 100 KiB/s for 20 minutes under a 60-s stall_timeout: every byte counts, even below read_threshold.
     cfg = config(engine="sglang", stall_timeout=60, poll_interval=5)
     arrival = Arrival()
     looks = [arrival.look(0, lines=[LOAD_BEGIN])] + [arrival.look(t, download=100 * 1024) for t in range(5, 1200, 5)]
-    seen = run(cfg, looks)
+    seen = replay(cfg, looks)
     assert [v.phase for _t, v in seen[1:]] == ["loading"] * (len(seen) - 1)
     last = seen[-1][1]
     assert last.source["kind"] == "download" and last.source["file"] == "org/k26 blob 4f1e"
@@ -81,7 +70,7 @@ def test_a_download_that_stops_is_stalled_from_its_last_byte_and_names_the_file(
     arrival = Arrival()
     looks = [arrival.look(0, lines=[LOAD_BEGIN])] + [arrival.look(t, download=4 * MIB) for t in range(5, 45, 5)]
     looks += [arrival.look(t) for t in range(45, 300, 5)]  # the socket stays open; no byte comes
-    seen = run(cfg, looks)
+    seen = replay(cfg, looks)
     t, verdict = seen[-1]
     assert verdict.phase == "stalled" and t == 100  # the last byte came at t=40
     assert "last progress: download +20.0 MiB (org/k26 blob 4f1e) at +40 s" in verdict.msg, verdict.msg
@@ -95,7 +84,7 @@ def test_a_finished_download_is_not_a_stall_of_the_network():
     arrival = Arrival()
     looks = [arrival.look(0, lines=[LOAD_BEGIN])] + [arrival.look(t, download=4 * MIB) for t in range(5, 25, 5)]
     looks += [arrival.look(t, partial_present=False) for t in range(25, 200, 5)]
-    _t, verdict = run(cfg, looks)[-1]
+    _t, verdict = replay(cfg, looks)[-1]
     assert verdict.phase == "stalled" and "waiting on the network" not in verdict.msg
 
 
@@ -103,7 +92,7 @@ def test_a_streamed_load_reads_a_socket_and_is_progress_with_no_log():
     cfg = config(stall_timeout=30, poll_interval=5)  # no log followed: the counters alone
     arrival = Arrival()
     looks = [arrival.look(0)] + [arrival.look(t, stream=50 * MIB) for t in range(5, 300, 5)]
-    seen = run(cfg, looks)
+    seen = replay(cfg, looks)
     assert not [v for _t, v in seen if v.terminal]
     last = seen[-1][1]
     assert last.phase == "loading" and last.source["kind"] == "stream"
@@ -118,7 +107,7 @@ def test_a_disk_read_through_read_2_is_not_taken_for_a_stream():
     for t in range(5, 60, 5):
         arrival.counters["read_bytes"] += 5 * 50 * MIB  # the same bytes in both counters: a file
         looks.append(arrival.look(t, stream=50 * MIB))
-    last = run(cfg, looks)[-1][1]
+    last = replay(cfg, looks)[-1][1]
     assert last.source is None and last.last_progress["what"].startswith("read_bytes +250.0 MiB")
 
 
@@ -127,7 +116,7 @@ def test_reads_beyond_the_disk_with_a_weight_file_open_are_the_page_cache_not_a_
     cfg = config(stall_timeout=30, poll_interval=5)
     arrival = Arrival()
     looks = [arrival.look(0)] + [arrival.look(t, stream=50 * MIB, weight_files_open=2) for t in range(5, 120, 5)]
-    seen = run(cfg, looks)
+    seen = replay(cfg, looks)
     assert not [v for _t, v in seen if v.terminal]
     last = seen[-1][1]
     assert last.source is None and last.phase == "loading"
@@ -140,7 +129,7 @@ def test_reads_after_a_download_are_the_downloaded_files_not_a_stream():
     arrival = Arrival()
     looks = [arrival.look(0, lines=[LOAD_BEGIN])] + [arrival.look(t, download=4 * MIB) for t in range(5, 25, 5)]
     looks += [arrival.look(t, stream=50 * MIB, partial_present=False) for t in range(25, 60, 5)]
-    seen = run(cfg, looks)
+    seen = replay(cfg, looks)
     assert not [v for _t, v in seen if v.terminal]
     last = seen[-1][1]
     assert last.last_progress["what"].startswith("reads +250.0 MiB from the page cache")
@@ -154,7 +143,7 @@ def test_infiniband_bytes_are_progress_while_loading_only():
     # Once loaded, the HCAs count other jobs' traffic too: no longer this start's progress.
     looks.append(arrival.look(100, ib=2000 * MIB, lines=[SGLANG_PREFIX + "Load weight end. elapsed=12.00 s"]))
     looks += [arrival.look(t, ib=2000 * MIB) for t in range(105, 300, 5)]
-    seen = run(cfg, looks)
+    seen = replay(cfg, looks)
     loading = [v for t, v in seen if t < 100]
     assert [v.phase for v in loading[1:]] == ["loading"] * (len(loading) - 1)
     assert loading[-1].source["kind"] == "infiniband"
@@ -250,7 +239,7 @@ def test_a_rank_dead_of_an_exception_is_named_with_its_exit_and_the_ranks_left_w
     header = "[2026-05-25 19:06:20 TP2] Scheduler hit an exception: Traceback (most recent call last):"
     looks.append(tree.look(5, lines=[header, '  File "/sglang/srt/managers/scheduler.py", line 2310, in run_scheduler_process',
                                      "RuntimeError: CUDA error: an illegal memory access was encountered"]))
-    _t, verdict = run(cfg, looks)[-1]
+    _t, verdict = replay(cfg, looks)[-1]
     assert verdict.phase == "failed"
     assert verdict.msg.startswith("failed: the server logged a fatal error: RuntimeError: CUDA error: an illegal memory")
     assert ("; rank TP2 (pid 103) died (exit status 1); still alive: pid 100 (python3), TP0 (pid 101), TP1 (pid 102): "
@@ -265,7 +254,7 @@ def test_a_rank_killed_without_a_word_fails_at_the_next_look():
     tree.states[103] = "Z"
     tree.exits[103] = 9  # SIGKILL, as the OOM killer sends it
     looks.append(tree.look(10))
-    seen = run(cfg, looks)
+    seen = replay(cfg, looks)
     t, verdict = seen[-1]
     assert t == 10 and verdict.phase == "failed"
     assert verdict.msg.startswith("failed: rank TP2 (pid 103) died (killed by signal 9 (SIGKILL)); still alive: ")
@@ -278,7 +267,7 @@ def test_a_reaped_rank_is_named_without_an_exit_status():
     looks = [tree.look(0, lines=[INIT[0]])]
     del tree.states[102]  # gone from /proc altogether: its parent reaped it
     looks.append(tree.look(5))
-    _t, verdict = run(cfg, looks)[-1]
+    _t, verdict = replay(cfg, looks)[-1]
     assert verdict.phase == "failed" and "rank TP1 (pid 102) died (exit status unknown: reaped)" in verdict.msg
 
 
@@ -289,7 +278,7 @@ def test_a_burst_of_cached_reads_is_not_a_stream_and_a_stream_that_ended_is_no_l
     looks = [arrival.look(0), arrival.look(5, stream=MIB), arrival.look(10, cpu=0.5)]
     looks += [arrival.look(t, stream=10 * MIB) for t in range(15, 40, 5)]
     looks += [arrival.look(t, cpu=0.5) for t in range(40, 60, 5)]
-    seen = dict(run(cfg, looks))
+    seen = dict(replay(cfg, looks))
     assert seen[5].source is None and seen[5].last_progress["what"].startswith("reads +5.0 MiB from the page cache")
     assert seen[15].source is None  # the first look of a stream could still be a burst
     assert seen[20].source["kind"] == "stream" and seen[35].source["kind"] == "stream"
