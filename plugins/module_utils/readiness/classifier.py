@@ -512,9 +512,12 @@ class Classifier(object):
             if transfers.socket_looks >= STREAM_LOOKS:
                 events.append("socket reads +%s (rchar beyond read_bytes)" % _mib(growth[STREAM]))
                 transfers.arrived(t, STREAM)
+                arriving = True
             else:
                 events.append("reads +%s from the page cache (rchar beyond read_bytes)" % _mib(growth[STREAM]))
-            arriving = True
+                # Weights read back from the cache are loading; with no weight file open it may be
+                # Python's imports: progress, but no sign of loading.
+                arriving = arriving or bool(proc.get("weight_files_open")) or transfers.downloaded()
         # Received over InfiniBand: the host's ports count for every job, so only while loading.
         if growth[INFINIBAND] is not None and growth[INFINIBAND] >= threshold and st.phase in (STARTING, LOADING):
             events.append("InfiniBand received +%s" % _mib(growth[INFINIBAND]))
