@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from tests.helpers import FAKES, until
+from tests.helpers import FAKES, simharness, until
 from tests.helpers.simharness import SimRunner, descendants, make_model
 
 NVIDIA_SMI = os.path.join(FAKES, "nvidia-smi")
@@ -344,8 +344,7 @@ def test_vllm_hang_after_ready_keeps_health_but_completions_never_answer(model_d
 # --- arrivals: a hub download, a streamed load; Python at work; one rank dead ------------------
 @pytest.fixture
 def harness():
-    """simharness's hub server and py-spy finder, imported here so the module's head stays shared."""
-    import simharness
+    """simharness's hub server and py-spy finder."""
     servers = []
 
     def hub(directory, repo="org/k26", **options):
@@ -389,10 +388,8 @@ def test_hub_download_writes_the_cache_layout_with_recv_not_read(model_dir, tmp_
     sim = start_sim("vllm", "org/k26", "--tp", "2",
                     env={"HF_ENDPOINT": server.url, "HF_HUB_CACHE": str(cache)})
     blobs = cache / "models--org--k26" / "blobs"
-    wait_until(lambda: blobs.is_dir() and any(n.endswith(".incomplete") for n in os.listdir(str(blobs))),
-               timeout=30, what="a growing blobs/*.incomplete")
-    workers = wait_until(lambda: len(rank_pids(sim, "VLLM::Worker_TP")) == 2 and rank_pids(sim, "VLLM::Worker_TP"),
-                         what="two workers")
+    until("a growing blobs/*.incomplete", lambda: blobs.is_dir() and any(n.endswith(".incomplete") for n in os.listdir(str(blobs))), 30, 0.05)
+    workers = until("two workers", lambda: len(rank_pids(sim, "VLLM::Worker_TP")) == 2 and rank_pids(sim, "VLLM::Worker_TP"), 15, 0.05)
     before = {rank: io_counters(pid) for rank, pid in workers.items()}
     ticks = {rank: cpu_ticks([pid]) for rank, pid in workers.items()}
     time.sleep(1.0)
@@ -430,10 +427,9 @@ def test_a_stalled_hub_download_keeps_its_socket_open_and_writes_nothing(model_d
     cache = tmp_path / "hub-cache"
     sim = start_sim("sglang", "org/k26", env={"HF_ENDPOINT": server.url, "HF_HUB_CACHE": str(cache)})
     assert server.stalled.wait(30)
-    rank = wait_until(lambda: rank_pids(sim, "sglang::scheduler_TP").get(0), what="the scheduler")
+    rank = until("the scheduler", lambda: rank_pids(sim, "sglang::scheduler_TP").get(0), 15, 0.05)
     blobs = cache / "models--org--k26" / "blobs"
-    partial = wait_until(lambda: [blobs / n for n in os.listdir(str(blobs)) if n.endswith(".incomplete")],
-                         what="the .incomplete file")[0]
+    partial = until("the .incomplete file", lambda: [blobs / n for n in os.listdir(str(blobs)) if n.endswith(".incomplete")], 15, 0.05)[0]
     time.sleep(0.5)  # the last bytes sent are in the file
     size, before = partial.stat().st_size, io_counters(rank)
     time.sleep(1.5)
@@ -476,8 +472,7 @@ def test_a_spin_releases_the_gil_while_python_at_work_holds_it(model_dir, start_
     spin.wait_log("Using CompressedTensorsWNA16MarlinMoEMethod")
     work.wait_log("Model loading took")
     spinner = rank_pids(spin, "sglang::scheduler_TP")[0]
-    worker = wait_until(lambda: [p for p in work.tree() if proc_field(p, "comm") == "VLLM::Worker"],
-                        what="worker")[0]
+    worker = until("worker", lambda: [p for p in work.tree() if proc_field(p, "comm") == "VLLM::Worker"], 15, 0.05)[0]
     time.sleep(0.5)
     faults_before = int(stat_fields(spinner)[7])  # minflt
     seen = {}
@@ -497,11 +492,11 @@ def test_a_spin_releases_the_gil_while_python_at_work_holds_it(model_dir, start_
 def test_one_rank_dies_and_the_others_park_with_the_launcher_alive(model_dir, start_sim, kind, code):
     sim = start_sim("sglang", model_dir, "--tp", "3", "--disable-cuda-graph", "--init-seconds", "30",
                     "--fault", "%s:initializing" % kind, "--fault-after", "0.3")
-    ranks = wait_until(lambda: len(rank_pids(sim, "sglang::scheduler_TP")) == 3
-                       and rank_pids(sim, "sglang::scheduler_TP"), what="three schedulers")
+    ranks = until("three schedulers", lambda: len(rank_pids(sim, "sglang::scheduler_TP")) == 3
+                       and rank_pids(sim, "sglang::scheduler_TP"), 15, 0.05)
     sim.wait_log("Using CompressedTensorsWNA16MarlinMoEMethod")
     # The last rank's end stays readable: a zombie (nobody waits for it) with its exit code.
-    wait_until(lambda: stat_fields(ranks[2])[0] == "Z", what="TP2 a zombie")
+    until("TP2 a zombie", lambda: stat_fields(ranks[2])[0] == "Z", 15, 0.05)
     assert int(stat_fields(ranks[2])[49]) == code
     time.sleep(0.5)
     ticks = cpu_ticks([sim.proc.pid, ranks[0], ranks[1]])
