@@ -14,7 +14,7 @@ import tempfile
 import time
 
 from modelwake_runner.cli import run_playbook
-from tests.helpers.paths import ANSIBLE, ROOT, SIM_PATH, TESTHOSTS
+from tests.helpers.paths import ANSIBLE, ROOT, SIM_WHEELS, TESTHOSTS
 
 
 def host_tool(*args, check=True, timeout=600):
@@ -27,14 +27,15 @@ def host_tool(*args, check=True, timeout=600):
 
 def guest_vars(key):
     """What a test's own inventory of guests sets for all of them: SSH as root with the tool's key,
-    the guest's Python, and the simulated engine's test-only settings, as inventories/demo has them."""
+    the guest's Python, and the simulated engine's test-only settings, as inventories/demo has them (where
+    playbooks/demo-model.yml builds its wheels, which inference_env installs)."""
     return {
         "ansible_user": "root",
         "ansible_ssh_private_key_file": key,
         "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
         "ansible_python_interpreter": "/usr/bin/python3",
-        "inference_env_sim_source": SIM_PATH,
-        "inference_env_controller_cache": os.environ.get("MODELWAKE_CACHE") or os.path.expanduser("~/.cache/modelwake"),
+        "modelwake_sim_wheels": SIM_WHEELS,
+        "inference_env_extra_wheel_dirs": [SIM_WHEELS],
     }
 
 
