@@ -34,8 +34,15 @@ def guest_vars(key):
         "ansible_ssh_private_key_file": key,
         "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
         "ansible_python_interpreter": "/usr/bin/python3",
+        # As inventories/demo/group_vars/all/simulator.yml: for catalog entries that run the simulator.
         "modelwake_sim_wheels": SIM_WHEELS,
-        "inference_env_extra_wheel_dirs": [SIM_WHEELS],
+        "modelwake_sim_entry": "{{ modelwake_deploy.engine_package | default('') == 'modelwake-sim' }}",
+        "inference_env_engine_module": "{{ 'modelwake_sim' if modelwake_sim_entry | bool else '' }}",
+        "inference_env_extra_wheel_dirs": "{{ [modelwake_sim_wheels] if modelwake_sim_entry | bool else [] }}",
+        "model_service_engine_command": "{{ [model_service_venv ~ '/bin/python', '-m', 'modelwake_sim', 'serve', "
+                                        "'--engine', model_service_engine] if modelwake_sim_entry | bool else [] }}",
+        "model_service_read_write_paths": "{{ ['-/run/modelwake-fake-gpu'] if '--fake-gpus' in modelwake_deploy.extra_args "
+                                          "| default([]) else [] }}",
     }
 
 

@@ -144,13 +144,17 @@ DEPLOY = """
         gpu_preflight_model_path: "{{ model }}"
     - role: modelwake.serving.inference_env
       vars:
-        inference_env_engine: sim
+        # The simulator, a stand-in for a real engine: the roles' generic options run it.
+        inference_env_engine: sglang
+        inference_env_engine_package: modelwake-sim
+        inference_env_engine_module: modelwake_sim
         inference_env_engine_version: "0.1.0"
         inference_env_venv: /opt/fqcn/venv
         inference_env_model_path: "{{ model }}"
     - role: modelwake.serving.model_service
       vars:
-        model_service_engine: sim
+        model_service_engine: sglang
+        model_service_engine_command: [/opt/fqcn/venv/bin/python, -m, modelwake_sim, serve, --engine, sglang]
         model_service_venv: /opt/fqcn/venv
         model_service_unit: %(unit)s
         model_service_model_path: "{{ model }}"

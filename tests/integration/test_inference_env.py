@@ -24,6 +24,9 @@ NVFP4 = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
          "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float"}}}}
 SIM_VERSION = "0.1.0"
 SIM = "modelwake-sim==%s" % SIM_VERSION
+# The lab installs the simulator as a build of one's own; these name the engines' own distributions.
+SGLANG_ITSELF = {"inference_env_engine": "sglang", "inference_env_engine_package": "", "inference_env_engine_module": ""}
+VLLM_ITSELF = {"inference_env_engine": "vllm", "inference_env_engine_package": "", "inference_env_engine_module": ""}
 
 
 UV_VERSION = "0.13.8"
@@ -65,7 +68,10 @@ def lab(tmp_path, wheelhouses):
             extravars = {
                 "inference_env_venv": self.venv,
                 "inference_env_python": envkit.base_python(),
-                "inference_env_engine": "sim",
+                # The simulator as a build of one's own: another distribution, imported as modelwake_sim.
+                "inference_env_engine": "sglang",
+                "inference_env_engine_package": "modelwake-sim",
+                "inference_env_engine_module": "modelwake_sim",
                 "inference_env_engine_version": SIM_VERSION,
                 "inference_env_wheelhouse": wheelhouses["main"],
                 "inference_env_stage_dir": self.stage,
@@ -138,7 +144,9 @@ def repaired(tmp_path_factory, wheelhouses):
     state.model_digest = envkit.tree_digest(model)
     inventory = envkit.write_inventory(str(base / "inventory.ini"))
     extravars = {
-        "inference_env_engine": "sim", "inference_env_engine_version": SIM_VERSION, "inference_env_model_path": model,
+        "inference_env_engine": "sglang", "inference_env_engine_package": "modelwake-sim",
+        "inference_env_engine_module": "modelwake_sim",
+        "inference_env_engine_version": SIM_VERSION, "inference_env_model_path": model,
         # Plumbing. pip_bootstrap wheel is what a host without ensurepip gets under auto.
         "inference_env_venv": state.venv, "inference_env_pip_bootstrap": "wheel",
         "inference_env_wheelhouse": wheelhouses["nopip"],
@@ -200,12 +208,12 @@ def test_model_files_are_never_written(repaired):
 def test_an_engine_in_the_venv_is_kept_without_a_version_and_a_missing_one_needs_it(lab, wheelhouses):
     envkit.make_venv(lab.venv, wheelhouses["main"], ["sglang==%s" % envkit.SGLANG_KEPT])
     before = envkit.pip_freeze(lab.venv)
-    run = lab.run(inference_env_engine="sglang", inference_env_engine_version="")
+    run = lab.run(**SGLANG_ITSELF, inference_env_engine_version="")
     assert_ok(run)
     assert run.changed == 0 and envkit.pip_freeze(lab.venv) == before
     assert "engine sglang: %s (unchanged) (version: kept: already in the venv)" % envkit.SGLANG_KEPT in run.summary
     # A venv without vllm: nothing to keep, so the version is needed; refused before any change.
-    run = lab.run(inference_env_engine="vllm", inference_env_engine_version="")
+    run = lab.run(**VLLM_ITSELF, inference_env_engine_version="")
     assert run.rc != 0
     assert ("inference_env_engine_version must name the exact vllm release to install (e.g. 0.5.23): %s has no "
             "vllm to keep" % lab.venv) in " ".join(run.stdout.split())
@@ -218,7 +226,7 @@ def test_the_engine_comes_from_an_extra_wheel_directory_without_an_index(lab, tm
     run = lab.run(inference_env_wheelhouse="", inference_env_extra_wheel_dirs=[wheels])
     assert_ok(run)
     assert envkit.pip_freeze(lab.venv)["modelwake-sim"] == SIM_VERSION
-    assert any(line.startswith("engine sim: absent -> %s (version: inference_env_engine_version" % SIM_VERSION)
+    assert any(line.startswith("engine sglang: absent -> %s (version: inference_env_engine_version" % SIM_VERSION)
                for line in run.summary), run.summary
 
 
@@ -298,7 +306,7 @@ def test_check_mode_on_a_host_without_the_venv_creates_nothing(lab):
     ({"inference_env_engine": "tgi"}, "inference_env_engine"),
     ({"inference_env_extra_wheel_dirs": ["/nonexistent/wheels"]}, "inference_env_extra_wheel_dirs: /nonexistent/wheels not a directory on the controller"),
     ({"inference_env_venv": "relative/venv"}, "inference_env_venv must be an absolute path"),
-    ({"inference_env_engine": "vllm", "inference_env_engine_version": ""}, "inference_env_engine_version must name the exact"),
+    (dict(VLLM_ITSELF, inference_env_engine_version=""), "inference_env_engine_version must name the exact"),
     ({"inference_env_wheelhouse": "/nonexistent/wheelhouse"}, "inference_env_wheelhouse /nonexistent/wheelhouse is not a directory"),
     ({"inference_env_model_path": "/nonexistent/model"}, "inference_env_model_path: /nonexistent/model has no config.json"),
     ({"inference_env_compressed_tensors_version": "latest"}, "inference_env_compressed_tensors_version: 'latest' is not a valid version"),

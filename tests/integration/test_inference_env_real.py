@@ -88,7 +88,9 @@ def test_real_compressed_tensors_upgrade_keeps_torch(real, record_property):
     model = envkit.write_model(str(base / "model"), NVFP4)
     inventory = envkit.write_inventory(str(base / "inventory.ini"))
     extravars = {
-        "inference_env_venv": venv, "inference_env_engine": "sim", "inference_env_engine_version": "0.1.0",
+        "inference_env_venv": venv, "inference_env_engine": "sglang",
+        "inference_env_engine_package": "modelwake-sim", "inference_env_engine_module": "modelwake_sim",
+        "inference_env_engine_version": "0.1.0",
         "inference_env_wheelhouse": real["house"], "inference_env_model_path": model,
         "inference_env_stage_dir": str(base / "stage"),
         # The simulated engine's wheel, built here as the demo builds it (no py-spy: not installed here).

@@ -30,8 +30,8 @@ VM = GuestHost("mws", os.path.join(ROOT, "inventories", "vllm-cpu"), HOST)
 UNIT = "sglang-sim"
 PORT = 30001
 MODEL = "/srv/models/sim-sglang"
-# The sim entry shares the group's variables: its own distribution, no vLLM wheelhouse.
-SIM = {"modelwake_deploy_model": "sim-sglang", "inference_env_engine_package": "",
+# The sim entry shares the group's variables (its catalog entry names its own distribution): no vLLM wheelhouse.
+SIM = {"modelwake_deploy_model": "sim-sglang",
        "inference_env_wheelhouse": "", "inference_env_wheelhouse_lock": "",
        "modelwake_textfile_dir": "/var/lib/node_exporter/textfile"}
 TEXTFILE = "/var/lib/node_exporter/textfile/%s.prom"
