@@ -49,11 +49,12 @@ from ansible.plugins.lookup import LookupBase
 # Every key an entry may have: its type, the type of a list's elements, its choices, whether it is
 # required. The roles' variables each key feeds are in playbooks/vars/catalog-entry.yml.
 CATALOG = {
-    "engine": {"type": "str", "choices": ["sglang", "vllm", "sim"], "required": True},
+    "engine": {"type": "str", "choices": ["sglang", "vllm"], "required": True},
     "unit": {"type": "str", "required": True},
     "port": {"type": "int", "required": True},
     "model_path": {"type": "str", "required": True},
     "engine_version": {"type": "str"},
+    "engine_package": {"type": "str"},
     "compressed_tensors_version": {"type": "str"},
     "venv": {"type": "str"},
     "served_model_name": {"type": "str"},
@@ -71,8 +72,6 @@ CATALOG = {
     "ready_timeout": {"type": "int"},
     "stall_timeout": {"type": "int"},
     "expected_load_seconds": {"type": "int"},
-    "sim_protocol": {"type": "str", "choices": ["sglang", "vllm"]},
-    "sim_fake_gpus": {"type": "bool"},
 }
 TYPE_NAMES = {"str": "a string", "int": "an integer", "bool": "true or false", "list": "a list",
               "dict": "a mapping"}

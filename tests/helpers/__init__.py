@@ -16,9 +16,9 @@ modules of this package, imported by name (each says what it needs):
 - realengine: the pytest fixture of the real vLLM CPU build's venv.
 """
 from tests.helpers.network import free_port
-from tests.helpers.paths import (ANSIBLE, ANSIBLE_PLAYBOOK, FAKES, FIXTURES, ROOT, SIM_PATH, TESTHOSTS, TOOLS,
-                                 VENV_BIN)
+from tests.helpers.paths import (ANSIBLE, ANSIBLE_PLAYBOOK, FAKES, FIXTURES, ROOT, SIM_PATH, SIM_WHEELS, TESTHOSTS,
+                                 TOOLS, VENV_BIN)
 from tests.helpers.waiting import poll, until
 
-__all__ = ["ANSIBLE", "ANSIBLE_PLAYBOOK", "FAKES", "FIXTURES", "ROOT", "SIM_PATH", "TESTHOSTS", "TOOLS", "VENV_BIN",
+__all__ = ["ANSIBLE", "ANSIBLE_PLAYBOOK", "FAKES", "FIXTURES", "ROOT", "SIM_PATH", "SIM_WHEELS", "TESTHOSTS", "TOOLS", "VENV_BIN",
            "free_port", "poll", "until"]

@@ -14,7 +14,7 @@ import tempfile
 import time
 
 from modelwake_runner.cli import run_playbook
-from tests.helpers.paths import ANSIBLE, ROOT, SIM_PATH, TESTHOSTS
+from tests.helpers.paths import ANSIBLE, ROOT, SIM_WHEELS, TESTHOSTS
 
 
 def host_tool(*args, check=True, timeout=600):
@@ -27,14 +27,22 @@ def host_tool(*args, check=True, timeout=600):
 
 def guest_vars(key):
     """What a test's own inventory of guests sets for all of them: SSH as root with the tool's key,
-    the guest's Python, and the simulated engine's test-only settings, as inventories/demo has them."""
+    the guest's Python, and the simulated engine's test-only settings, as inventories/demo has them (where
+    playbooks/demo-model.yml builds its wheels, which inference_env installs)."""
     return {
         "ansible_user": "root",
         "ansible_ssh_private_key_file": key,
         "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
         "ansible_python_interpreter": "/usr/bin/python3",
-        "inference_env_sim_source": SIM_PATH,
-        "inference_env_controller_cache": os.environ.get("MODELWAKE_CACHE") or os.path.expanduser("~/.cache/modelwake"),
+        # As inventories/demo/group_vars/all/simulator.yml: for catalog entries that run the simulator.
+        "modelwake_sim_wheels": SIM_WHEELS,
+        "modelwake_sim_entry": "{{ modelwake_deploy.engine_package | default('') == 'modelwake-sim' }}",
+        "inference_env_engine_module": "{{ 'modelwake_sim' if modelwake_sim_entry | bool else '' }}",
+        "inference_env_extra_wheel_dirs": "{{ [modelwake_sim_wheels] if modelwake_sim_entry | bool else [] }}",
+        "model_service_engine_command": "{{ [model_service_venv ~ '/bin/python', '-m', 'modelwake_sim', 'serve', "
+                                        "'--engine', model_service_engine] if modelwake_sim_entry | bool else [] }}",
+        "model_service_read_write_paths": "{{ ['-/run/modelwake-fake-gpu'] if '--fake-gpus' in modelwake_deploy.extra_args "
+                                          "| default([]) else [] }}",
     }
 
 

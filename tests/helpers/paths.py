@@ -13,6 +13,9 @@ TOOLS = os.path.join(ROOT, "tools")
 TESTHOSTS = os.path.join(TOOLS, "testhosts")
 # The simulated engine's source: the PYTHONPATH of every `python -m modelwake_sim` a test starts.
 SIM_PATH = os.path.join(ROOT, "engines", "sim")
+# Where playbooks/demo-model.yml builds the simulator's wheels (tools/sim_wheels.py) for the test hosts,
+# as inventories/demo names it: the suite's cache, outside the repository.
+SIM_WHEELS = os.path.join(os.environ.get("MODELWAKE_CACHE") or os.path.expanduser("~/.cache/modelwake"), "sim-wheels")
 # Test doubles (the fake NVML library and calls, the scripted nvidia-smi) and recorded data.
 FAKES = os.path.join(ROOT, "tests", "fakes")
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")

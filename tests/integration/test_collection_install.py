@@ -24,7 +24,7 @@ import threading
 
 import pytest
 
-from tests.helpers import FAKES, ROOT, SIM_PATH, VENV_BIN as BIN
+from tests.helpers import FAKES, ROOT, SIM_WHEELS, VENV_BIN as BIN
 from tests.helpers.guesthost import GuestHost
 from tests.helpers.simharness import SimRunner, make_model
 
@@ -144,13 +144,17 @@ DEPLOY = """
         gpu_preflight_model_path: "{{ model }}"
     - role: modelwake.serving.inference_env
       vars:
-        inference_env_engine: sim
+        # The simulator, a stand-in for a real engine: the roles' generic options run it.
+        inference_env_engine: sglang
+        inference_env_engine_package: modelwake-sim
+        inference_env_engine_module: modelwake_sim
         inference_env_engine_version: "0.1.0"
         inference_env_venv: /opt/fqcn/venv
         inference_env_model_path: "{{ model }}"
     - role: modelwake.serving.model_service
       vars:
-        model_service_engine: sim
+        model_service_engine: sglang
+        model_service_engine_command: [/opt/fqcn/venv/bin/python, -m, modelwake_sim, serve, --engine, sglang]
         model_service_venv: /opt/fqcn/venv
         model_service_unit: %(unit)s
         model_service_model_path: "{{ model }}"
@@ -303,15 +307,14 @@ def test_a_playbook_elsewhere_deploys_onto_a_test_host_with_the_roles_by_fqcn(pr
         assert rc == 0, out[-4000:]
         with open(VM.override) as handle:
             guest = json.load(handle)["all"]["children"]["model_hosts"]["hosts"]["vllm-cpu"]
-        # The other project's inventory: the guest, the simulator's source (the stand-in for a real
-        # engine, so it comes from this checkout) and the controller cache its wheel is built in.
+        # The other project's inventory: the guest, and the simulator's wheels (the stand-in for a real
+        # engine, so they come from this checkout: demo-model.yml above built them).
         (project / "guest.yml").write_text(json.dumps({"all": {"children": {"model_hosts": {
             "hosts": {"fqcn-host": guest},
             "vars": {"ansible_user": "root", "ansible_python_interpreter": "/usr/bin/python3",
                      "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
                                                 "-o LogLevel=ERROR",
-                     "inference_env_sim_source": SIM_PATH,
-                     "inference_env_controller_cache": str(tmp_path / "controller-cache")}}}}}))
+                     "inference_env_extra_wheel_dirs": [SIM_WHEELS]}}}}}))
         (project / "deploy.yml").write_text(DEPLOY)
         env = outside_env(ANSIBLE_CONFIG=str(project / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
         argv = [os.path.join(BIN, "ansible-playbook"), "-i", "guest.yml", "deploy.yml"]

@@ -66,8 +66,8 @@ def test_demo_deploys_the_simulated_k26_on_30001():
     hostvars = inventory("demo")["_meta"]["hostvars"]["demo-k26"]
     assert hostvars["modelwake_host_models"] == ["k26"]
     k26 = hostvars["modelwake_models"]["k26"]
-    assert (k26["engine"], k26["sim_protocol"], k26["unit"], k26["port"], k26["tp"]) == ("sim", "sglang", "sglang-k26",
-                                                                                         30001, 8)
+    assert (k26["engine"], k26["engine_package"], k26["unit"], k26["port"], k26["tp"]) == (
+        "sglang", "modelwake-sim", "sglang-k26", 30001, 8)
     assert hostvars["modelwake_demo_model_shards"] == 64
 
 

@@ -118,12 +118,14 @@ class Guest(object):
                 "modelwake_demo_model_size_mib": 256,
                 "modelwake_demo_model_shards": 64,
                 "modelwake_models": {"k26": {
-                    "engine": "sim", "engine_version": "0.1.0", "unit": UNIT, "port": 30001,
+                    "engine": "sglang", "engine_package": "modelwake-sim", "engine_version": "0.1.0",
+                    "unit": UNIT, "port": 30001,
                     "model_path": "/srv/models/Kimi-K2.6-sim", "tp": 8, "gpus": list(range(8)),
                     "extra_args": FAST, "conflicts": ["sglang-k26-ddtree"], "api_key": SECRET,
                     "ready_timeout": 300, "stall_timeout": 60},
                     "first": {
-                        "engine": "sim", "engine_version": "0.1.0", "unit": FIRST, "port": FIRST_PORT,
+                        "engine": "sglang", "engine_package": "modelwake-sim", "engine_version": "0.1.0",
+                        "unit": FIRST, "port": FIRST_PORT,
                         "model_path": "/srv/models/Kimi-K2.6-sim", "tp": 1, "gpus": [0],
                         "extra_args": HELD, "ready_timeout": 600, "stall_timeout": 300}},
             })}}

@@ -18,11 +18,15 @@ import sys
 import pytest
 
 from tests.helpers import envkit
+from tools import sim_wheels
 
 NVFP4 = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "quantization_status": "compressed",
          "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float"}}}}
 SIM_VERSION = "0.1.0"
 SIM = "modelwake-sim==%s" % SIM_VERSION
+# The lab installs the simulator as a build of one's own; these name the engines' own distributions.
+SGLANG_ITSELF = {"inference_env_engine": "sglang", "inference_env_engine_package": "", "inference_env_engine_module": ""}
+VLLM_ITSELF = {"inference_env_engine": "vllm", "inference_env_engine_package": "", "inference_env_engine_module": ""}
 
 
 UV_VERSION = "0.13.8"
@@ -64,11 +68,13 @@ def lab(tmp_path, wheelhouses):
             extravars = {
                 "inference_env_venv": self.venv,
                 "inference_env_python": envkit.base_python(),
-                "inference_env_engine": "sim",
+                # The simulator as a build of one's own: another distribution, imported as modelwake_sim.
+                "inference_env_engine": "sglang",
+                "inference_env_engine_package": "modelwake-sim",
+                "inference_env_engine_module": "modelwake_sim",
                 "inference_env_engine_version": SIM_VERSION,
                 "inference_env_wheelhouse": wheelhouses["main"],
                 "inference_env_stage_dir": self.stage,
-                "inference_env_controller_cache": str(tmp_path / "controller-cache"),
                 "inference_env_test_marker": self.marker,
                 # These wheelhouses are about compressed-tensors; py-spy's install is tested on the
                 # test hosts' deploys (test_sim_sglang_deploy.py, test_collection_install.py).
@@ -138,11 +144,13 @@ def repaired(tmp_path_factory, wheelhouses):
     state.model_digest = envkit.tree_digest(model)
     inventory = envkit.write_inventory(str(base / "inventory.ini"))
     extravars = {
-        "inference_env_engine": "sim", "inference_env_engine_version": SIM_VERSION, "inference_env_model_path": model,
+        "inference_env_engine": "sglang", "inference_env_engine_package": "modelwake-sim",
+        "inference_env_engine_module": "modelwake_sim",
+        "inference_env_engine_version": SIM_VERSION, "inference_env_model_path": model,
         # Plumbing. pip_bootstrap wheel is what a host without ensurepip gets under auto.
         "inference_env_venv": state.venv, "inference_env_pip_bootstrap": "wheel",
         "inference_env_wheelhouse": wheelhouses["nopip"],
-        "inference_env_stage_dir": str(base / "stage"), "inference_env_controller_cache": str(base / "cache"),
+        "inference_env_stage_dir": str(base / "stage"),
         "inference_env_test_marker": state.marker, "inference_env_py_spy": False,
     }
     state.before_has_member = enum_has(state.venv, "nvfp4_pack_quantized")
@@ -200,23 +208,26 @@ def test_model_files_are_never_written(repaired):
 def test_an_engine_in_the_venv_is_kept_without_a_version_and_a_missing_one_needs_it(lab, wheelhouses):
     envkit.make_venv(lab.venv, wheelhouses["main"], ["sglang==%s" % envkit.SGLANG_KEPT])
     before = envkit.pip_freeze(lab.venv)
-    run = lab.run(inference_env_engine="sglang", inference_env_engine_version="")
+    run = lab.run(**SGLANG_ITSELF, inference_env_engine_version="")
     assert_ok(run)
     assert run.changed == 0 and envkit.pip_freeze(lab.venv) == before
     assert "engine sglang: %s (unchanged) (version: kept: already in the venv)" % envkit.SGLANG_KEPT in run.summary
     # A venv without vllm: nothing to keep, so the version is needed; refused before any change.
-    run = lab.run(inference_env_engine="vllm", inference_env_engine_version="")
+    run = lab.run(**VLLM_ITSELF, inference_env_engine_version="")
     assert run.rc != 0
     assert ("inference_env_engine_version must name the exact vllm release to install (e.g. 0.5.23): %s has no "
             "vllm to keep" % lab.venv) in " ".join(run.stdout.split())
     assert envkit.pip_freeze(lab.venv) == before and not os.path.exists(lab.marker)
 
 
-def test_the_sim_engine_defaults_to_the_release_of_its_source(lab):
-    run = lab.run(inference_env_engine_version="")
+def test_the_engine_comes_from_an_extra_wheel_directory_without_an_index(lab, tmp_path):
+    # The simulator's wheel as the demo builds it, and no wheelhouse: pip installs it with no index.
+    wheels = sim_wheels.build(str(tmp_path / "sim-wheels"), py_spy="")
+    run = lab.run(inference_env_wheelhouse="", inference_env_extra_wheel_dirs=[wheels])
     assert_ok(run)
     assert envkit.pip_freeze(lab.venv)["modelwake-sim"] == SIM_VERSION
-    assert any(line.startswith("engine sim: absent -> %s (version: the source in " % SIM_VERSION) for line in run.summary)
+    assert any(line.startswith("engine sglang: absent -> %s (version: inference_env_engine_version" % SIM_VERSION)
+               for line in run.summary), run.summary
 
 
 @pytest.mark.parametrize("groups, installed, expected, required_by", [
@@ -293,10 +304,9 @@ def test_check_mode_on_a_host_without_the_venv_creates_nothing(lab):
 
 @pytest.mark.parametrize("overrides, needle", [
     ({"inference_env_engine": "tgi"}, "inference_env_engine"),
-    ({"inference_env_sim_source": ""}, 'inference_env_sim_source must name the source directory of the simulated engine on the controller (got "")'),
-    ({"inference_env_controller_cache": "cache"}, 'inference_env_controller_cache must be an absolute controller directory for the sim wheel (got "cache")'),
+    ({"inference_env_extra_wheel_dirs": ["/nonexistent/wheels"]}, "inference_env_extra_wheel_dirs: /nonexistent/wheels not a directory on the controller"),
     ({"inference_env_venv": "relative/venv"}, "inference_env_venv must be an absolute path"),
-    ({"inference_env_engine": "vllm", "inference_env_engine_version": ""}, "inference_env_engine_version must name the exact"),
+    (dict(VLLM_ITSELF, inference_env_engine_version=""), "inference_env_engine_version must name the exact"),
     ({"inference_env_wheelhouse": "/nonexistent/wheelhouse"}, "inference_env_wheelhouse /nonexistent/wheelhouse is not a directory"),
     ({"inference_env_model_path": "/nonexistent/model"}, "inference_env_model_path: /nonexistent/model has no config.json"),
     ({"inference_env_compressed_tensors_version": "latest"}, "inference_env_compressed_tensors_version: 'latest' is not a valid version"),

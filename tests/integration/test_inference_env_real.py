@@ -19,6 +19,7 @@ import time
 import pytest
 
 from tests.helpers import envkit
+from tools import sim_wheels
 
 pytestmark = pytest.mark.slow
 
@@ -87,9 +88,13 @@ def test_real_compressed_tensors_upgrade_keeps_torch(real, record_property):
     model = envkit.write_model(str(base / "model"), NVFP4)
     inventory = envkit.write_inventory(str(base / "inventory.ini"))
     extravars = {
-        "inference_env_venv": venv, "inference_env_engine": "sim", "inference_env_engine_version": "0.1.0",
+        "inference_env_venv": venv, "inference_env_engine": "sglang",
+        "inference_env_engine_package": "modelwake-sim", "inference_env_engine_module": "modelwake_sim",
+        "inference_env_engine_version": "0.1.0",
         "inference_env_wheelhouse": real["house"], "inference_env_model_path": model,
-        "inference_env_stage_dir": str(base / "stage"), "inference_env_controller_cache": str(base / "cache"),
+        "inference_env_stage_dir": str(base / "stage"),
+        # The simulated engine's wheel, built here as the demo builds it (no py-spy: not installed here).
+        "inference_env_extra_wheel_dirs": [sim_wheels.build(str(base / "sim-wheels"), py_spy="")],
         "inference_env_test_marker": str(base / "restart-requested"), "inference_env_py_spy": False,
     }
     first = timed("role run 1 (upgrade)", timings, envkit.run_playbook, str(base / "r1"), inventory, extravars)

@@ -21,16 +21,17 @@ import shutil
 
 import pytest
 
-from tests.helpers import ROOT, until
+from tests.helpers import ROOT, SIM_WHEELS, until
 from tests.helpers.guesthost import GuestHost, Timed, verdict_msg, verdicts
+from tools import sim_wheels
 
 HOST = "vllm-cpu"  # the inventory's host name; the catalog entry chooses what it runs
 VM = GuestHost("mws", os.path.join(ROOT, "inventories", "vllm-cpu"), HOST)
 UNIT = "sglang-sim"
 PORT = 30001
 MODEL = "/srv/models/sim-sglang"
-# The sim entry shares the group's variables: its own distribution, no vLLM wheelhouse.
-SIM = {"modelwake_deploy_model": "sim-sglang", "inference_env_engine_package": "",
+# The sim entry shares the group's variables (its catalog entry names its own distribution): no vLLM wheelhouse.
+SIM = {"modelwake_deploy_model": "sim-sglang",
        "inference_env_wheelhouse": "", "inference_env_wheelhouse_lock": "",
        "modelwake_textfile_dir": "/var/lib/node_exporter/textfile"}
 TEXTFILE = "/var/lib/node_exporter/textfile/%s.prom"
@@ -164,18 +165,17 @@ def broken_sim_build(dest, version):
 def test_an_upgrade_that_does_not_come_up_is_rolled_back(sim, tmp_path):
     venv_python = "/opt/modelwake/sim-venv/bin/python"
     packages_before = VM.sh("%s -m pip freeze --all" % venv_python)
-    # Its own controller cache, so that no other test's host is offered the broken wheel; py-spy's
-    # wheel (downloaded once per cache) comes from the suite's.
-    cache = tmp_path / "controller-cache"
-    os.makedirs(str(cache / "sim-wheels"))
-    suite_cache = os.environ.get("MODELWAKE_CACHE") or os.path.expanduser("~/.cache/modelwake")
-    for wheel in os.listdir(os.path.join(suite_cache, "sim-wheels")):
+    # Its own wheel directory, so that no other test's host is offered the broken wheel; py-spy's
+    # wheel (downloaded once) comes from the suite's.
+    wheels = str(tmp_path / "sim-wheels")
+    os.makedirs(wheels)
+    for wheel in os.listdir(SIM_WHEELS):
         if wheel.startswith("py_spy-"):
-            shutil.copy(os.path.join(suite_cache, "sim-wheels", wheel), str(cache / "sim-wheels"))
+            shutil.copy(os.path.join(SIM_WHEELS, wheel), wheels)
     source = broken_sim_build(str(tmp_path / "sim-0.1.1"), "0.1.1")
+    sim_wheels.build(wheels, source)
     with timed("upgrade that cannot start -> rolled back, ready again"):
-        rc, out = sim_deploy(inference_env_sim_source=source, inference_env_engine_version="0.1.1",
-                             inference_env_controller_cache=str(cache))
+        rc, out = sim_deploy(inference_env_extra_wheel_dirs=[wheels], inference_env_engine_version="0.1.1")
     flat = " ".join(out.split())
     assert rc == 2, flat[-4000:]
     assert "%s did not come up after the upgrade of /opt/modelwake/sim-venv (modelwake-sim 0.1.0 -> 0.1.1)" % UNIT in flat, flat[-4000:]

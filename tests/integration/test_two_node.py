@@ -73,7 +73,7 @@ class Pair(object):
                     "modelwake_demo_model_size_mib": 64,
                     "modelwake_demo_model_shards": 8,
                     "modelwake_models": {"pair": {
-                        "engine": "sim", "engine_version": "0.1.0", "sim_protocol": "sglang", "unit": UNIT,
+                        "engine": "sglang", "engine_package": "modelwake-sim", "engine_version": "0.1.0", "unit": UNIT,
                         "port": PORT, "host": "0.0.0.0", "api_key": SECRET, "model_path": MODEL, "tp": 2,
                         "gpus": [0], "nodes_group": GROUP, "extra_args": FAST, "ready_timeout": 300,
                         "stall_timeout": STALL}},

@@ -76,8 +76,8 @@ def test_a_valid_entry_has_no_problems():
     ({"port": "thirty"}, "modelwake_models.k26.port must be an integer, got 'thirty'"),
     ({"gpus": "0,1"}, "modelwake_models.k26.gpus must be a list, got '0,1'"),
     ({"gpus": [0, "one"]}, "modelwake_models.k26.gpus must be a list of ints, got [0, 'one']"),
-    ({"engine": "sglng"}, "modelwake_models.k26.engine must be one of sglang, vllm, sim, got 'sglng'"),
-    ({"sim_fake_gpus": "yes"}, "modelwake_models.k26.sim_fake_gpus must be true or false, got 'yes'"),
+    ({"engine": "sglng"}, "modelwake_models.k26.engine must be one of sglang, vllm, got 'sglng'"),
+    ({"verify_checksums": "yes"}, "modelwake_models.k26.verify_checksums must be true or false, got 'yes'"),
     ({"env": ["A=1"]}, "modelwake_models.k26.env must be a mapping, got ['A=1']"),
 ])
 def test_a_bad_entry_is_named_key_by_key(change, problem):

@@ -17,6 +17,7 @@ Python 3.9.
 import ast
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -194,3 +195,20 @@ def test_every_include_of_a_role_is_tagged_with_the_role(role):
     assert includes
     for task in includes:
         assert role in task.get("tags", []), "%s: %r has no tag %s" % (role, task["name"], role)
+
+
+def every_role_file():
+    return sorted(p for p in glob.glob(os.path.join(ROOT, "roles", "**", "*"), recursive=True) if os.path.isfile(p))
+
+
+def test_the_roles_know_nothing_of_the_simulator():
+    # roles/ holds what an operator deploys: the simulated engine is set up by the demo and test
+    # inventories (generic options: extra wheel directories, the engine's command, read-write paths).
+    simulator = re.compile(r"\bsim\b|modelwake[-_]sim|simulat", re.IGNORECASE)
+    found = []
+    for path in every_role_file():
+        with open(path, errors="replace") as handle:
+            for number, line in enumerate(handle, 1):
+                if simulator.search(line):
+                    found.append("%s:%d: %s" % (os.path.relpath(path, ROOT), number, line.strip()))
+    assert every_role_file() and found == [], "\n".join(found)

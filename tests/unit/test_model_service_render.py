@@ -109,10 +109,13 @@ def rendered(tmp_path_factory):
                  "model_service_model_path": k26, "model_service_tp": 2,
                  "model_service_served_model_name": "kimi-k2.6", "model_service_host": "::", "model_service_launcher": False,
                  "model_service_api_key": SECRET, "model_service_env": {"NCCL_DEBUG": "INFO", "HF_HOME": "/srv/hf"}},
-        "sim": {"model_service_engine": "sim", "model_service_unit": "sglang-k26",
+        # The simulator as the demo runs it: SGLang's arguments behind another entry point, and an
+        # optional writable path (its fake GPUs' holder files).
+        "sim": {"model_service_engine": "sglang", "model_service_unit": "sglang-k26",
+                "model_service_engine_command": [VENV + "/bin/python", "-m", "modelwake_sim", "serve", "--engine", "sglang"],
                 "model_service_model_path": k26, "model_service_tp": 8, "model_service_api_key": SECRET,
-                "model_service_extra_args": ["--disable-cuda-graph", "--init-seconds", "2"],
-                "model_service_sim_fake_gpus": True, "model_service_launcher": False},
+                "model_service_extra_args": ["--disable-cuda-graph", "--fake-gpus", "--init-seconds", "2"],
+                "model_service_read_write_paths": ["-/run/modelwake-fake-gpu"], "model_service_launcher": False},
         # Node 0 listens where the other nodes reach it (their wait asks it), so with an API key.
         "node0": {"model_service_engine": "sglang", "model_service_model_path": k26, "model_service_tp": 16,
                   "model_service_nodes_group": "pair", "ansible_host": "2001:db8::10", "model_service_host": "::",
@@ -190,13 +193,15 @@ def test_vllm_exec_start_and_env_file(rendered):
     assert directive(unit, "After") == ["network-online.target"]
 
 
-def test_sim_exec_start_and_key_in_env(rendered):
+def test_an_engine_command_takes_the_engines_arguments_and_key(rendered):
     unit = read(rendered, "sim", "unit.service")
+    conf = os.path.join(str(rendered["root"]), "sim", "etc", "sglang-k26.sglang.yaml")
     assert exec_start(unit) == (
-        "ExecStart=%s/bin/python -m modelwake_sim serve --engine sglang --model-path %s --host 127.0.0.1 "
-        "--port 30001 --tp 8 --fake-gpus --disable-cuda-graph --init-seconds 2" % (VENV, rendered["k26"]))
-    assert 'MODELWAKE_API_KEY="%s"' % SECRET in read(rendered, "sim", "etc/sglang-k26.env").splitlines()
-    # ProtectSystem=strict: the non-root ranks may write only their fake-GPU holder files.
+        "ExecStart=%s/bin/python -m modelwake_sim serve --engine sglang --model-path %s --tp 8 --host 127.0.0.1 "
+        "--port 30001 --enable-metrics --config %s --disable-cuda-graph --fake-gpus --init-seconds 2"
+        % (VENV, rendered["k26"], conf))
+    assert 'api-key: "%s"' % SECRET in read(rendered, "sim", "etc/sglang-k26.sglang.yaml").splitlines()
+    # ProtectSystem=strict: the non-root ranks may write only the optional path given (the "-" kept).
     assert directive(unit, "ReadWritePaths") == ["-/run/modelwake-fake-gpu"]
     assert directive(read(rendered, "sglang", "unit.service"), "ReadWritePaths") == []
 

@@ -406,3 +406,21 @@ def test_rank_death_faults_parse():
     assert (fault.kind, fault.phase, fault.after) == ("rankdeath", "initializing", 2.0)
     assert faults.Fault.parse("rankkill:loading").kind in faults.RANK_DEATHS
 
+
+
+def test_the_api_key_comes_from_where_the_real_engine_takes_it(tmp_path, monkeypatch):
+    # A deploy starts the simulator with the real engine's command line and key: SGLang's --config
+    # YAML (a JSON string, as model_service writes it), vLLM's VLLM_API_KEY; MODELWAKE_API_KEY first.
+    from modelwake_sim import engine
+    for name in ("MODELWAKE_API_KEY", "VLLM_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    config = tmp_path / "unit.sglang.yaml"
+    config.write_text('# Ansible managed\napi-key: "sk-a\\"b"\n')
+    sglang = cli.build_parser().parse_args(["serve", "--engine", "sglang", "--model-path", "/m", "--enable-metrics",
+                                            "--config", str(config)])
+    vllm = cli.build_parser().parse_args(["serve", "--engine", "vllm", "--model", "/m", "--tensor-parallel-size", "2"])
+    assert (engine.api_key(sglang), engine.api_key(vllm), vllm.tp) == ('sk-a"b', None, 2)
+    monkeypatch.setenv("VLLM_API_KEY", "sk-vllm")
+    assert (engine.api_key(sglang), engine.api_key(vllm)) == ('sk-a"b', "sk-vllm")
+    monkeypatch.setenv("MODELWAKE_API_KEY", "sk-sim")
+    assert (engine.api_key(sglang), engine.api_key(vllm)) == ("sk-sim", "sk-sim")

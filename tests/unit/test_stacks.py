@@ -160,6 +160,8 @@ def test_one_py_spy_release_everywhere():
     assert spec["inference_env_py_spy_version"]["default"] == stacks.PY_SPY_VERSION
     with open(os.path.join(root, "tools", "vllm_cpu.py")) as handle:
         assert '"%s"' % pin in handle.read()
+    with open(os.path.join(root, "tools", "sim_wheels.py")) as handle:
+        assert 'PY_SPY_VERSION = "%s"' % stacks.PY_SPY_VERSION in handle.read()
 
 
 def test_a_group_first_seen_at_this_read_gets_no_duration():

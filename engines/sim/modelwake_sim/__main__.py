@@ -46,7 +46,8 @@ def build_parser():
     serve = sub.add_parser("serve", help="start up and serve like SGLang or vLLM",
                            description="Start up like the real engine (process tree, log lines, port behaviour, "
                                        "real shard reads, silent CPU-bound initialisation) and serve an "
-                                       "OpenAI-style API. API key: environment variable MODELWAKE_API_KEY.")
+                                       "OpenAI-style API. API key: environment variable MODELWAKE_API_KEY, else where "
+                                       "the engine takes it (SGLang: --config's api-key; vLLM: VLLM_API_KEY).")
     serve.add_argument("--engine", choices=("sglang", "vllm"), required=True, help="which engine to imitate")
     serve.add_argument("--model-path", "--model", dest="model_path", required=True,
                        help="model directory (make-model); or a hub id org/name, downloaded first into the hub "
@@ -89,6 +90,11 @@ def build_parser():
                        help="SGLang: no graph capture lines; initialisation is K2.6's silent Marlin JIT after "
                             "'Using CompressedTensorsWNA16MarlinMoEMethod'")
     serve.add_argument("--no-access-log", action="store_true", help="no uvicorn access-log line per request")
+    # SGLang's own flags, so that a deploy starts the simulator with the real engine's command line.
+    serve.add_argument("--enable-metrics", action="store_true",
+                       help="SGLang: serve /metrics (accepted; the simulator always serves it)")
+    serve.add_argument("--config", default=None, metavar="FILE",
+                       help="SGLang: a YAML file of further arguments; the simulator reads its api-key")
     serve.add_argument("--fake-gpus", action="store_true",
                        help="keep holder-<pid>.json files in $MODELWAKE_FAKE_GPU_DIR (default "
                             "/run/modelwake-fake-gpu) for tests/fakes/nvidia-smi; create gpus.json if absent")

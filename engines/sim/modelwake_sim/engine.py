@@ -38,7 +38,7 @@ class ApiServer:
         self.model_path = opts.model_path
         self.served_model_name = opts.served_model_name or opts.model_path
         self.max_model_len = MAX_MODEL_LEN
-        self.api_key = os.environ.get("MODELWAKE_API_KEY") or None
+        self.api_key = api_key(opts)
         self.access_log = not opts.no_access_log
         self.started_wall = time.time()
         self.state = "starting"
@@ -380,6 +380,22 @@ def _alive(pid):
         return False
 
 
+def api_key(opts):
+    """The key clients must send, or None: MODELWAKE_API_KEY, else where the real engine takes it
+    (SGLang: the api-key line of --config's YAML, a JSON string as modelwake writes it; vLLM: VLLM_API_KEY)."""
+    key = os.environ.get("MODELWAKE_API_KEY")
+    if not key and opts.engine == "vllm":
+        key = os.environ.get("VLLM_API_KEY")
+    if not key and getattr(opts, "config", None):
+        with open(opts.config) as handle:
+            for line in handle:
+                name, _, value = line.partition(":")
+                if name.strip() == "api-key":
+                    value = value.strip()
+                    key = json.loads(value) if value.startswith('"') else value.strip("'")
+    return key or None
+
+
 def server_args_line(opts):
     """SGLang's one long `server_args=ServerArgs(...)` line (the fields that matter here)."""
     fields = [("model_path", repr(opts.model_path)), ("tokenizer_path", repr(opts.model_path)),
@@ -391,6 +407,6 @@ def server_args_line(opts):
               ("dist_init_addr", repr(opts.dist_init_addr) if opts.dist_init_addr else "None"),
               ("attention_backend", "'triton'"),
               ("disable_cuda_graph", str(bool(opts.disable_cuda_graph))),
-              ("api_key", "'********'" if os.environ.get("MODELWAKE_API_KEY") else "None"),
+              ("api_key", "'********'" if api_key(opts) else "None"),
               ("watchdog_timeout", "300"), ("skip_server_warmup", "False")]
     return "server_args=ServerArgs(%s)" % ", ".join("%s=%s" % f for f in fields)

@@ -19,10 +19,13 @@ def test_engine_runs_as_the_non_root_service_user(host):
     assert host.user("modelwake").shell == "/usr/sbin/nologin"
 
 
-def test_environment_file_is_root_only_and_holds_the_key(host):
+def test_environment_file_is_root_only_and_the_key_in_sglangs_own_file(host):
     env = host.file("/etc/modelwake/%s.env" % UNIT)
     assert (env.user, env.group, env.mode) == ("root", "root", 0o600)
-    assert 'MODELWAKE_API_KEY="%s"' % SECRET in env.content_string.splitlines()
+    # SGLang takes its key only from --config's YAML: readable by the engine's group, never writable.
+    config = host.file("/etc/modelwake/%s.sglang.yaml" % UNIT)
+    assert (config.user, config.group, config.mode) == ("root", "modelwake", 0o640)
+    assert 'api-key: "%s"' % SECRET in config.content_string.splitlines()
 
 
 def test_key_is_in_no_unit_property_and_no_command_line(host):

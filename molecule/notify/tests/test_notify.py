@@ -16,7 +16,7 @@ WATCH_START = r'''
 import json, os, re, subprocess, time, urllib.request
 UNIT = "sglang-k26"
 HOLD = "/var/lib/mol-hold-load"
-key = re.search(r'MODELWAKE_API_KEY="([^"]*)"', open("/etc/modelwake/%s.env" % UNIT).read()).group(1)
+key = re.search(r'api-key: "([^"]*)"', open("/etc/modelwake/%s.sglang.yaml" % UNIT).read()).group(1)
 def show():
     out = subprocess.run(["systemctl", "show", UNIT, "-p", "ActiveState", "-p", "StatusText"],
                          stdout=subprocess.PIPE, universal_newlines=True).stdout

@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""Build the wheels a test host installs the simulated engine from: modelwake_sim's own wheel, built
+from its source, and py-spy's, downloaded once. The hosts have no index, so the deploy hands this
+directory to inference_env as one of its inference_env_extra_wheel_dirs. Test and demo set-up only
+(playbooks/demo-model.yml and the tests run it): the roles know nothing of the simulator.
+
+    python tools/sim_wheels.py DEST [--source DIR] [--py-spy VERSION]
+
+Runs pip with the interpreter that runs it (Ansible's own, with setuptools >= 70.1: the wheel is built
+without build isolation, so no index is needed for it). Prints DEST.
+"""
+import argparse
+import glob
+import os
+import subprocess
+import sys
+
+SIM_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "engines", "sim")
+# inference_env's default py-spy release (tests/unit/test_stacks.py keeps them equal).
+PY_SPY_VERSION = "0.4.1"
+PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+
+
+def build(dest, source=SIM_SOURCE, py_spy=PY_SPY_VERSION):
+    """Build the sim wheel into dest (every time: the source may have changed) and download py-spy's
+    wheel of that release when dest has none (py_spy empty: none)."""
+    os.makedirs(dest, exist_ok=True)
+    subprocess.run(PIP + ["wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", dest, source],
+                   check=True, stdout=subprocess.DEVNULL)
+    if py_spy and not glob.glob(os.path.join(dest, "py_spy-%s-*.whl" % py_spy)):
+        subprocess.run(PIP + ["download", "--no-deps", "--only-binary", ":all:", "--dest", dest,
+                              "py-spy==%s" % py_spy], check=True, stdout=subprocess.DEVNULL)
+    return dest
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dest", help="directory for the wheels (created; kept wheels are reused)")
+    parser.add_argument("--source", default=SIM_SOURCE, help="the simulator's source (default: engines/sim)")
+    parser.add_argument("--py-spy", default=PY_SPY_VERSION, help="py-spy release to download; empty: none")
+    args = parser.parse_args(argv)
+    print(build(os.path.abspath(args.dest), args.source, args.py_spy))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
