@@ -247,18 +247,36 @@ def test_a_rank_dead_of_an_exception_is_named_with_its_exit_and_the_ranks_left_w
     assert verdict.evidence[0].startswith("RuntimeError: CUDA error") and header in verdict.evidence
 
 
-def test_a_rank_killed_without_a_word_fails_at_the_next_look():
+def test_a_rank_killed_without_a_word_fails_one_look_later_when_the_engine_says_nothing():
     cfg = config(engine="sglang", stall_timeout=600, poll_interval=5)
     tree = Tree()
     looks = [tree.look(0, lines=[INIT[0]]), tree.look(5)]
     tree.states[103] = "Z"
     tree.exits[103] = 9  # SIGKILL, as the OOM killer sends it
-    looks.append(tree.look(10))
+    looks += [tree.look(10), tree.look(15)]
+    seen = replay(cfg, looks)
+    assert [v.phase for _t, v in seen] == ["initializing", "initializing", "initializing", "failed"]
+    verdict = seen[-1][1]
+    assert verdict.msg.startswith("failed: rank TP2 (pid 103) died (killed by signal 9 (SIGKILL)); still alive: ")
+    assert "15 s into the wait, in phase initializing, with no error in the log" in verdict.msg
+
+
+def test_a_rank_death_the_engine_reports_at_the_next_look_keeps_the_engines_words():
+    # The parent noticed and says which rank died (SGLang's watchdog): its line is the cause.
+    cfg = config(engine="sglang", stall_timeout=600, poll_interval=5)
+    tree = Tree()
+    looks = [tree.look(0, lines=[INIT[0]])]
+    del tree.states[101]  # rank 0, killed and reaped by its parent
+    looks.append(tree.look(5))
+    looks.append(tree.look(10, lines=["[2026-05-25 19:06:30] Rank 0 scheduler is dead. Please check if there are "
+                                      "relevant logs."]))
+    looks.append(tree.look(15))  # a fatal line with no exception in it waits one look for its traceback
     seen = replay(cfg, looks)
     t, verdict = seen[-1]
-    assert t == 10 and verdict.phase == "failed"
-    assert verdict.msg.startswith("failed: rank TP2 (pid 103) died (killed by signal 9 (SIGKILL)); still alive: ")
-    assert "10 s into the wait, in phase initializing, with no error in the log" in verdict.msg
+    assert t == 15 and verdict.phase == "failed"
+    assert verdict.msg.startswith("failed: the server logged a fatal error: [2026-05-25 19:06:30] Rank 0 scheduler is dead")
+    assert "rank TP0 (pid 101) died (exit status unknown: reaped)" in verdict.msg
+    assert "Rank 0 scheduler is dead" in verdict.evidence[0]
 
 
 def test_a_reaped_rank_is_named_without_an_exit_status():
@@ -266,7 +284,7 @@ def test_a_reaped_rank_is_named_without_an_exit_status():
     tree = Tree()
     looks = [tree.look(0, lines=[INIT[0]])]
     del tree.states[102]  # gone from /proc altogether: its parent reaped it
-    looks.append(tree.look(5))
+    looks += [tree.look(5), tree.look(10)]
     _t, verdict = replay(cfg, looks)[-1]
     assert verdict.phase == "failed" and "rank TP1 (pid 102) died (exit status unknown: reaped)" in verdict.msg
 

@@ -72,6 +72,7 @@ class ClassifierState(object):
     tail: List[str] = dataclasses.field(default_factory=list)  # the run's last TAIL_LINES lines
     fatal: Optional[str] = None  # the run's first crash line
     fatal_waited: bool = False  # one more look was given to the traceback that names its cause
+    rank_death_waited: bool = False  # one more look was given to the engine's own word on a dead rank
     listen_url: Optional[str] = None  # where the server logged that it listens
     status_phase: Optional[str] = None  # the phase a notify unit's launcher names in its STATUS=
 
@@ -439,6 +440,11 @@ class Classifier(object):
                            evidence=evidence, terminal=True)
         if dead_ranks and alive:
             # A rank died without a word in the log (the OOM killer): the others wait for it forever.
+            # Its parent may still say which and why (SGLang's `Rank 0 scheduler is dead`), or exit:
+            # one more look waits for that, as for a fatal line's traceback.
+            if not st.rank_death_waited:
+                st.rank_death_waited = True
+                return None
             return Verdict(FAILED, "failed: %s %s into the wait, in phase %s, with no error in the log%s"
                            % (self._rank_death_note(dead_ranks, proc)[2:], self._secs(t), st.phase or STARTING, held),
                            evidence=self._crash_evidence(), terminal=True)
