@@ -449,7 +449,8 @@ def test_a_streamed_load_reads_a_socket_not_a_file(model_dir, start_sim, harness
     time.sleep(1.0)
     after = io_counters(rank)
     assert after["rchar"] - before["rchar"] >= 4 * 1024 * 1024, (before, after)
-    assert after["read_bytes"] == before["read_bytes"] and after["write_bytes"] == before["write_bytes"]
+    # Nothing read from a file, nothing downloaded (a fresh checkout's first imports may write bytecode).
+    assert after["read_bytes"] == before["read_bytes"] and after["write_bytes"] - before["write_bytes"] < 1024 * 1024
     sim.wait_log("The server is fired up and ready to roll!", timeout=30)
     log = sim.log()
     assert "\rLoading safetensors using Runai Model Streamer: 100% Completed | 32/32 [" in log

@@ -109,7 +109,10 @@ def test_live_shapes_side_by_side():
             entry = seen[shape]
             assert entry["frames"][0][0] == function and entry["samples"] == 3
             assert entry["gil_active_samples"] == (3 if owns_gil and active else 0), (shape, entry)
-            assert entry["active"] is active and entry["line_moved"] is False
+            assert entry["active"] is active
+            # A native call holds its Python frame on the calling line; the hot loop's frame moves
+            # between `while` and its body as the samples fall.
+            assert entry["line_moved"] is False or shape == "hot-loop", (shape, entry)
         # What tells the hot loop from a C call that keeps the GIL: its locals change.
         assert seen["hot-loop"]["locals_moved"] is True
         assert [seen[shape]["locals_moved"] for shape in ("native-spin-gil", "regex", "native-spin")] == [False] * 3
