@@ -39,7 +39,7 @@ from .spin import SpinTracker
 from .stack_summary import summarize
 from .transfers import DOWNLOAD, INFINIBAND, STREAM, WRITTEN, TransferTracker
 from .status import status_news, status_phase
-from .verdict import RATE_WINDOW, Verdict
+from .verdict import Verdict, window_rate, windowed
 
 TAIL_LINES = 200
 
@@ -351,11 +351,7 @@ class Classifier(object):
     def _track_reads(self, t, rbytes):
         if rbytes is None:
             return
-        samples = self.state.read_samples + [[t, rbytes]]
-        # Keep one sample at or before the window's start, so the rate spans the whole window.
-        while len(samples) > 2 and samples[1][0] <= t - RATE_WINDOW:
-            samples.pop(0)
-        self.state.read_samples = samples
+        self.state.read_samples = windowed(self.state.read_samples, t, rbytes)
 
     @staticmethod
     def _http_signature(http):
@@ -785,9 +781,9 @@ class Classifier(object):
         cfg = self.config
         verdict.since = self._phase_start(verdict.phase, t)
         verdict.bytes_read = proc.get("read_bytes")
-        samples = st.read_samples
-        if len(samples) >= 2 and samples[-1][0] > samples[0][0]:
-            verdict.read_rate = round((samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0]), 1)
+        rate = window_rate(st.read_samples)
+        if rate is not None:
+            verdict.read_rate = round(rate, 1)
         verdict.shards = st.shards
         loaded = _rank(st.phase) > _rank(LOADING) if st.phase in PHASES else False
         if st.shards:

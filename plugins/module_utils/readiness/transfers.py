@@ -11,7 +11,7 @@ messages say, is the classifier's rule.
 import dataclasses
 from typing import Any, Dict, List, Optional
 
-from .verdict import RATE_WINDOW
+from .verdict import window_rate, windowed
 
 DOWNLOAD = "download"
 STREAM = "stream"
@@ -61,16 +61,11 @@ class TransferTracker(object):
             self.samples = []
         self.source = way
         self.source_t = t
-        samples = self.samples + [[t, self.totals[way]]]
-        while len(samples) > 2 and samples[1][0] <= t - RATE_WINDOW:
-            samples.pop(0)
-        self.samples = samples
+        self.samples = windowed(self.samples, t, self.totals[way])
 
     def rate(self):
         """Bytes/s of the current source over the last RATE_WINDOW seconds, or None."""
-        if len(self.samples) >= 2 and self.samples[-1][0] > self.samples[0][0]:
-            return (self.samples[-1][1] - self.samples[0][1]) / (self.samples[-1][0] - self.samples[0][0])
-        return None
+        return window_rate(self.samples)
 
     def _growth(self, name, value):
         prev = self.prev.get(name)

@@ -10,6 +10,22 @@ from typing import Any, Dict, List, Optional
 RATE_WINDOW = 60.0
 
 
+def windowed(samples, t, total):
+    """[t, total] samples with this one added, keeping one at or before the window's start so that
+    the rate spans the whole RATE_WINDOW."""
+    samples = samples + [[t, total]]
+    while len(samples) > 2 and samples[1][0] <= t - RATE_WINDOW:
+        samples.pop(0)
+    return samples
+
+
+def window_rate(samples):
+    """Units per second across windowed() samples, or None before two distinct times."""
+    if len(samples) >= 2 and samples[-1][0] > samples[0][0]:
+        return (samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0])
+    return None
+
+
 @dataclasses.dataclass
 class Verdict(object):
     phase: str
