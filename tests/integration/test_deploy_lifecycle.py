@@ -187,13 +187,13 @@ class Background(object):
         self.watchdog = threading.Timer(timeout, self.kill)
         self.watchdog.start()
 
-    def until(self, marker):
-        """Read the play's output until a line contains marker; fail if the play ends first."""
+    def until(self, *markers):
+        """Read the play's output until a line contains one of the markers; fail if the play ends first."""
         for line in iter(self.proc.stdout.readline, ""):
             self.lines.append(line)
-            if marker in line:
+            if any(marker in line for marker in markers):
                 return
-        raise AssertionError("the play ended before %r:\n%s" % (marker, "".join(self.lines)))
+        raise AssertionError("the play ended before %r:\n%s" % (markers, "".join(self.lines)))
 
     def kill(self):
         """Kill the whole run at once, like a controller that dies (its SSH clients go with it)."""
@@ -304,12 +304,16 @@ def test_reboot_during_the_first_deploy_comes_back_and_converges(guest):
     on_guest("systemctl disable --now %s; rm -f /etc/systemd/system/%s.service; systemctl daemon-reload"
              % (FIRST, FIRST), check=False)
     on_guest("touch %s" % HOLD)
-    run = Background(guest, "deploy-k26.yml", first)
+    # Short follow reads: the play notices the lost host within seconds of the reboot.
+    run = Background(guest, "deploy-k26.yml", dict(first, modelwake_progress_interval=5))
     try:
         try:
             # The unit never ran on this guest: the handler's restart is its first start.
             run.until(HANDLER_WAIT)
             host_tool("reboot", GUEST)
+            # The play's own report of the lost host, before the controller is killed: a follow read
+            # that fails on the new boot or finds the host unreachable (killing at once raced it).
+            run.until("UNREACHABLE!", "FAILED!")
         finally:
             run.kill()
             rc, out = run.finish()
