@@ -71,7 +71,7 @@ class KernelLog(object):
 
     def _chunks(self, fd):
         """The bytes readable now: one record per read from /dev/kmsg, blocks from a file."""
-        for _ in range(MAX_RECORDS):
+        for _record in range(MAX_RECORDS):
             try:
                 data = os.read(fd, READ_SIZE)
             except BlockingIOError:

@@ -492,8 +492,8 @@ class Classifier(object):
             if severity == xid.FATAL and self._xid_watched(record):
                 continue  # the failure's own evidence
             why = "not a watched GPU" if severity == xid.FATAL else severity
-            quotes.append("kernel: %s [Xid %d on %s: %s; %s]" % (record["line"], record["code"], _xid_gpu(record),
-                                                                  meaning, why))
+            quotes.append("kernel: %s [Xid %d on %s: %s; %s]"
+                          % (record["line"], record["code"], _xid_gpu(record), meaning, why))
         return quotes[-XIDS_QUOTED:]
 
     def _track_ranks(self, proc):
