@@ -14,7 +14,10 @@
  * MODELWAKE_FAKE_NVML_INIT_ERROR=<code> makes nvmlInit_v2 fail with that NVML return code (9:
  * driver not loaded). MODELWAKE_FAKE_NVML_V1_ONLY=1 leaves out nvmlDeviceGetMemoryInfo_v2's answer
  * (Function Not Found, as a driver before 510). fakeNvmlCalls(name) tells tests how often a symbol
- * was called.
+ * was called. MODELWAKE_FAKE_NVML_BLOCK=<symbol> makes that call never return (a driver wedged by a
+ * GPU fault): the caller's thread sleeps in it for good.
+ * A GPU's "bus_id" in gpus.json ("00000000:41:00.0", as nvidia-smi's pci.bus_id; default
+ * 00000000:<0x18 + index>:00.0, as tests/fakes/nvidia-smi) answers nvmlDeviceGetPciInfo_v3.
  *
  * Memory as a real driver counts it (seen on an H200, driver 580): the first version's `used`
  * includes the reserved memory, nvmlDeviceGetMemoryInfo_v2's does not (nvidia-smi's figure), and
@@ -28,6 +31,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #define NVML_SUCCESS 0
 #define NVML_ERROR_UNINITIALIZED 1
@@ -53,6 +57,7 @@ typedef struct {
     char uuid[96];
     unsigned long long total_mib, used_mib, reserved_mib;
     int util; /* -1: Not Supported */
+    unsigned int pci_domain, pci_bus, pci_device;
 } gpu_t;
 
 typedef struct { unsigned int pid; int gpu; unsigned long long memory_mib; } proc_t;
@@ -67,12 +72,22 @@ static struct timespec dir_mtime, loaded_at;
 static const char *names[] = {"nvmlInit_v2", "nvmlShutdown", "nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex_v2",
                               "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2",
                               "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetUUID",
-                              "nvmlDeviceGetComputeRunningProcesses_v3", NULL};
-static int calls[16];
+                              "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetPciInfo_v3", NULL};
+static int calls[32];
+
+static void block_if_asked(const char *name);
 
 static void count(const char *name) {
     for (int i = 0; names[i]; i++)
         if (strcmp(names[i], name) == 0) calls[i]++;
+    block_if_asked(name);
+}
+
+/* MODELWAKE_FAKE_NVML_BLOCK: this call never returns, as on a driver an uncorrectable ECC error wedged. */
+static void block_if_asked(const char *name) {
+    const char *blocked = getenv("MODELWAKE_FAKE_NVML_BLOCK");
+    if (!blocked || strcmp(blocked, name) != 0) return;
+    for (;;) sleep(3600);
 }
 
 int fakeNvmlCalls(const char *name) {
@@ -144,6 +159,20 @@ static int pid_alive(unsigned int pid) {
     return paren && paren[1] == ' ' && paren[2] != 'Z';
 }
 
+/* "bus_id": "00000000:41:00.0" (nvidia-smi's pci.bus_id), else the scripted nvidia-smi's default. */
+static void load_bus_id(gpu_t *gpu, const char *open, const char *close) {
+    gpu->pci_domain = 0;
+    gpu->pci_bus = 0x18 + (unsigned int)gpu->index;
+    gpu->pci_device = 0;
+    const char *bus_id = value_of(open, close, "bus_id");
+    unsigned int domain, bus, device;
+    if (bus_id && *bus_id == '"' && sscanf(bus_id + 1, "%x:%x:%x", &domain, &bus, &device) == 3) {
+        gpu->pci_domain = domain;
+        gpu->pci_bus = bus;
+        gpu->pci_device = device;
+    }
+}
+
 static void load_gpus(const char *dir) {
     char path[4096];
     snprintf(path, sizeof path, "%s/gpus.json", dir);
@@ -171,6 +200,7 @@ static void load_gpus(const char *dir) {
         gpu->reserved_mib = number_of(open, close, "memory_reserved_mib", 0);
         const char *util = value_of(open, close, "utilization_gpu");
         gpu->util = util && strncmp(util, "null", 4) == 0 ? -1 : (int)number_of(open, close, "utilization_gpu", 0);
+        load_bus_id(gpu, open, close);
         gpu_count++;
         open = close;
     }
@@ -377,5 +407,26 @@ int nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int *info_cou
         n++;
     }
     *info_count = n;
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+int nvmlDeviceGetPciInfo_v3(void *device, nvmlPciInfo_t *pci) {
+    count("nvmlDeviceGetPciInfo_v3");
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    gpu_t *gpu = device_of(device);
+    if (!gpu || !pci) return NVML_ERROR_INVALID_ARGUMENT;
+    memset(pci, 0, sizeof *pci);
+    pci->domain = gpu->pci_domain;
+    pci->bus = gpu->pci_bus;
+    pci->device = gpu->pci_device;
+    pci->pciDeviceId = 0x233510de; /* an H200's */
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0", pci->domain & 0xFFFF, pci->bus, pci->device);
+    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.0", pci->domain, pci->bus, pci->device);
     return NVML_SUCCESS;
 }

@@ -5,24 +5,33 @@ argument of GpuReader and describe the GPUs with `configure()`. Values are in by
 The binding itself is tested through ctypes against tests/fakes/fake_nvml.c, a fake
 libnvidia-ml.so.1 (tests/unit/test_gpu.py).
 """
+import threading
 import types
 
-_STATE = {"devices": [], "init_error": None, "initialised": 0}
+_STATE = {"devices": [], "init_error": None, "initialised": 0, "block": None}
 
 
 class NVMLError(Exception):
     """Stands for nvml.NvmlError."""
 
 
-def configure(devices=None, init_error=None):
+def configure(devices=None, init_error=None, block=None):
     """devices: [{"uuid", "memory_used_mib", "memory_total_mib", "utilization" (None = Not
-    Supported), "processes": [{"pid", "used_mib" (None = not available)}]}]."""
+    Supported), "bus_id" ("00000000:41:00.0"), "processes": [{"pid", "used_mib" (None = not
+    available)}]}]. block: the name of a call that never returns (a wedged driver)."""
     _STATE["devices"] = list(devices or [])
     _STATE["init_error"] = init_error
     _STATE["initialised"] = 0
+    _STATE["block"] = block
+
+
+def _block_if_asked(name):
+    if _STATE["block"] == name:
+        threading.Event().wait()  # for good, as a call into a wedged driver
 
 
 def nvmlInit():
+    _block_if_asked("nvmlInit")
     if _STATE["init_error"]:
         raise NVMLError(_STATE["init_error"])
     _STATE["initialised"] += 1
@@ -54,6 +63,7 @@ def nvmlDeviceGetUUID(handle):
 
 
 def nvmlDeviceGetMemoryInfo(handle):
+    _block_if_asked("nvmlDeviceGetMemoryInfo")
     mib = 1024 * 1024
     used = handle["memory_used_mib"] * mib
     total = handle["memory_total_mib"] * mib
@@ -71,3 +81,10 @@ def nvmlDeviceGetComputeRunningProcesses(handle):
     return [types.SimpleNamespace(pid=p["pid"],
                                   usedGpuMemory=None if p.get("used_mib") is None else p["used_mib"] * mib)
             for p in handle.get("processes", [])]
+
+
+def nvmlDeviceGetPciInfo(handle):
+    _block_if_asked("nvmlDeviceGetPciInfo")
+    index = _STATE["devices"].index(handle)
+    domain, bus, device = handle.get("bus_id", "00000000:%02X:00.0" % (0x18 + index)).split(".")[0].split(":")
+    return types.SimpleNamespace(domain=int(domain, 16), bus=int(bus, 16), device=int(device, 16))

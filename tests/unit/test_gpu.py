@@ -6,15 +6,21 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
 from ansible_collections.modelwake.serving.plugins.module_utils.host import gpu, nvml
+from ansible_collections.modelwake.serving.plugins.module_utils.common import command
 from ansible_collections.modelwake.serving.plugins.module_utils.common.command import run_command
+from ansible_collections.modelwake.serving.plugins.module_utils.preflight import holders
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.probe import HostProbe
 
 from tests.fakes import fake_nvml  # builds the fake library
 from tests.helpers import FAKES, ROOT
 from tests.helpers.fakes import fresh_nvml_api
+from tests.helpers.network import free_port
+from tests.helpers.traces import config
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +42,7 @@ def gpu_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("MODELWAKE_FAKE_GPU_DIR", str(directory))
     monkeypatch.delenv("MODELWAKE_FAKE_NVML_INIT_ERROR", raising=False)
     monkeypatch.delenv("MODELWAKE_FAKE_NVML_V1_ONLY", raising=False)
+    monkeypatch.delenv("MODELWAKE_FAKE_NVML_BLOCK", raising=False)
     return directory
 
 
@@ -285,3 +292,150 @@ def test_failing_nvidia_smi_is_reported():
     assert reader.read() == []
     assert reader.backend == "none"
     assert "rc 9" in reader.error and "couldn't communicate" in reader.error
+
+
+# -- the PCI ids the kernel's Xid lines name the GPUs by ------------------------------------------
+
+def test_the_pci_ids_of_every_gpu_through_the_binding_and_through_nvidia_smi(fake_library, gpu_dir, monkeypatch):
+    spec = json.loads((gpu_dir / "gpus.json").read_text())
+    spec["gpus"][1]["bus_id"] = "00000000:C1:00.0"
+    spec["gpus"][1]["utilization_gpu"] = 0  # the scripted nvidia-smi has no Not Supported
+    (gpu_dir / "gpus.json").write_text(json.dumps(spec))
+    expected = {0: "0000:18:00", 1: "0000:c1:00"}  # the first GPU's the scripted nvidia-smi's default
+    through_nvml = gpu.GpuReader(gpus=[1], nvml=nvml.Nvml(fake_library))  # every GPU, watched or not
+    asked = calls(fake_library, "nvmlDeviceGetPciInfo_v3")
+    assert through_nvml.pci_bus_ids() == expected and through_nvml.pci_bus_ids() == expected
+    assert calls(fake_library, "nvmlDeviceGetPciInfo_v3") == asked + 2  # read once
+    monkeypatch.setenv("PATH", "%s:%s" % (FAKES, os.environ["PATH"]))
+    monkeypatch.setenv("MODELWAKE_FAKE_NVML_INIT_ERROR", "9")
+    through_smi = gpu.GpuReader(nvml=nvml.Nvml(fake_library))
+    assert through_smi.pci_bus_ids() == expected and through_smi.backend == "nvidia-smi"
+
+
+# -- no read hangs on the driver --------------------------------------------------------------
+
+def test_an_nvml_call_that_never_returns_ends_the_read_in_its_time_and_nvml_is_not_called_again(
+        fake_library, gpu_dir, monkeypatch):
+    """Through ctypes, against the fake library blocking in nvmlDeviceGetMemoryInfo_v2 as a wedged driver
+    would: the read returns within its bound, says which GPU and call, and the GPUs are not read again."""
+    monkeypatch.setenv("MODELWAKE_FAKE_NVML_BLOCK", "nvmlDeviceGetMemoryInfo_v2")
+    reader = gpu.GpuReader(gpus=[1], nvml=nvml.Nvml(fake_library), timeout=0.5)
+    asked = calls(fake_library, "nvmlDeviceGetMemoryInfo_v2")
+    began = time.monotonic()
+    assert reader.read() == []
+    assert 0.5 <= time.monotonic() - began < 2.0
+    assert reader.wedged == reader.error == ("NVML did not answer in 0.5 s (GPU 1, nvmlDeviceGetMemoryInfo); "
+                                             "the GPUs are not read again by this process")
+    began = time.monotonic()
+    assert reader.read() == [] and reader.compute_processes() == [] and reader.pci_bus_ids() == {}
+    assert time.monotonic() - began < 0.1
+    assert calls(fake_library, "nvmlDeviceGetMemoryInfo_v2") == asked + 1
+
+
+def test_a_look_on_a_wedged_driver_keeps_its_time_says_so_and_the_next_asks_nothing(fake_library, gpu_dir,
+                                                                                   monkeypatch, tmp_path):
+    monkeypatch.setenv("MODELWAKE_FAKE_NVML_BLOCK", "nvmlDeviceGetUtilizationRates")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        probe = HostProbe(config(pid=sleeper.pid, url="http://127.0.0.1:%d" % free_port()),
+                          nvml=nvml.Nvml(fake_library))
+        probe.gpus.timeout = 0.5
+        probe.kernel_log_path = str(tmp_path / "kmsg")
+        (tmp_path / "kmsg").write_text("")
+        asked = calls(fake_library, "nvmlDeviceGetUtilizationRates")
+        began = time.monotonic()
+        snap = probe.snapshot(0.0)
+        assert time.monotonic() - began < 3.0
+        assert snap.gpus == []
+        assert snap.errors == ["NVML did not answer in 0.5 s (GPU 0, nvmlDeviceGetUtilizationRates); "
+                               "the GPUs are not read again by this process"]
+        later = probe.snapshot(5.0)
+        assert later.gpus == [] and later.errors == snap.errors
+        assert calls(fake_library, "nvmlDeviceGetUtilizationRates") == asked + 1
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_an_nvml_init_that_never_returns_does_not_fall_back_to_nvidia_smi(fake_calls):
+    """nvidia-smi would hang on the same driver (and stay behind in state D)."""
+    fake_calls.configure(DEVICES, block="nvmlInit")
+    ran = []
+    reader = gpu.GpuReader(nvml=fake_calls, runner=lambda argv, timeout: ran.append(argv) or (0, "", ""))
+    reader.init_timeout = 0.2
+    assert reader.read() == [] and reader.backend == "nvml" and ran == []
+    assert reader.error.startswith("NVML did not answer in 0.2 s (nvmlInit)")
+
+
+def test_the_gpu_preflight_says_the_driver_did_not_answer(fake_calls):
+    fake_calls.configure(DEVICES, block="nvmlDeviceGetMemoryInfo")
+    result = holders.survey(needed=[0], reader=gpu.GpuReader(nvml=fake_calls, timeout=0.2))
+    assert result["gpus"] == [] and result["backend"] == "nvml"
+    assert result["backend_error"].startswith("NVML did not answer in 0.2 s (GPU 0, nvmlDeviceGetMemoryInfo)")
+
+
+def test_an_nvidia_smi_that_hangs_is_killed_in_its_time_and_not_run_again(fake_calls, gpu_dir, monkeypatch):
+    fake_calls.configure(init_error="no driver library")
+    monkeypatch.setenv("PATH", "%s:%s" % (FAKES, os.environ["PATH"]))
+    monkeypatch.setenv("MODELWAKE_FAKE_SMI_HANG", "1")
+    ran = []
+
+    def counting_runner(argv, timeout):
+        ran.append(timeout)
+        return run_command(argv, timeout)
+
+    reader = gpu.GpuReader(nvml=fake_calls, runner=counting_runner)
+    reader.smi_timeout = 1
+    began = time.monotonic()
+    assert reader.read() == []
+    assert time.monotonic() - began < 1 + command.KILL_GRACE + 1
+    assert reader.error == "nvidia-smi did not answer in 1 s; the GPUs are not read again by this process"
+    assert reader.read() == [] and reader.compute_processes() == [] and ran == [1]
+
+
+def test_every_nvidia_smi_run_is_bounded_by_the_smi_timeout(scripted_smi):
+    asked = []
+
+    def runner(argv, timeout):
+        asked.append(timeout)
+        return run_command(argv, timeout)
+
+    reader = gpu.GpuReader(runner=runner)
+    reader.read()
+    reader.compute_processes()
+    reader.pci_bus_ids()
+    assert asked and set(asked) == {gpu.SMI_TIMEOUT}
+
+
+def test_a_command_that_outlives_its_timeout_is_killed_and_its_children_do_not_hold_the_wait():
+    began = time.monotonic()
+    # The shell is killed; the sleep it started keeps the output open: waited for KILL_GRACE, no more.
+    rc, out, err = run_command(["sh", "-c", "sleep 30 & sleep 30"], 0.5)
+    assert rc == command.TIMED_OUT and out == "" and err == "sh: timed out after 0.5 s"
+    assert time.monotonic() - began < 0.5 + command.KILL_GRACE + 1
+
+
+def test_a_command_the_kernel_will_not_let_die_is_left_behind(monkeypatch):
+    """A process in state D (nvidia-smi on a wedged driver) ignores SIGKILL until the kernel lets go:
+    subprocess.run would wait for it without end."""
+    waits = []
+
+    class Unkillable(object):
+        def __init__(self, *args, **kwargs):
+            self.stdout, self.stderr = open(os.devnull), open(os.devnull)
+            self.killed = False
+
+        def communicate(self, timeout=None):
+            waits.append(timeout)
+            raise subprocess.TimeoutExpired("nvidia-smi", timeout)
+
+        def kill(self):
+            self.killed = True
+
+        def wait(self, timeout=None):
+            raise AssertionError("waited on a process that cannot die")
+
+    monkeypatch.setattr(command.subprocess, "Popen", Unkillable)
+    monkeypatch.setattr(command.shutil, "which", lambda name: "/usr/bin/" + name)
+    assert run_command(["nvidia-smi"], 3) == (124, "", "nvidia-smi: timed out after 3 s")
+    assert waits == [3, command.KILL_GRACE]

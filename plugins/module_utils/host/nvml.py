@@ -8,8 +8,14 @@ reader of the NVML docs recognises them, and raises NvmlError with NVML's return
 
 One Nvml object is one NVML session (init() ... shutdown()). The calls cost microseconds (a
 fork of nvidia-smi 15 ms of CPU, on an H200); handles are cheap to keep, and GpuReader keeps them.
+
+A call into the driver cannot be interrupted: a GPU with an uncorrectable ECC error has wedged NVML
+so that every call hung (bradrlaw/ai-server PR #27). call_within() runs calls in a daemon thread and
+waits a bounded time for them; a caller that gets NvmlTimeout must not call NVML again (the
+thread stays blocked in the driver, and a next call would block behind the same fault).
 """
 import ctypes
+import threading
 
 from ..common.errors import ModelWakeError
 
@@ -36,6 +42,36 @@ class NvmlError(ModelWakeError):
                          "%s: %s (NVML error %d)" % (function, text, code))
 
 
+class NvmlTimeout(NvmlError):
+    """An NVML call did not return within its bound: the driver is wedged."""
+
+    def __init__(self, function, seconds):
+        self.seconds = seconds
+        super().__init__(function, None, "did not answer in %g s" % seconds)
+
+
+def call_within(seconds, function, *args):
+    """function(*args) in a daemon thread, waited for `seconds` at most: its result, its exception,
+    or NvmlTimeout. The thread of a call that does not return stays behind, blocked in the driver;
+    being a daemon, it does not keep the process from exiting."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = function(*args)
+        except BaseException as exc:  # handed to the caller, whatever it is
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run, name="modelwake-nvml", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise NvmlTimeout(getattr(function, "__name__", "NVML"), seconds)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
 class Memory(ctypes.Structure):
     """nvmlMemory_t: `used` counts the driver's reserved memory (about 615 MiB on an idle H200)."""
     _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
@@ -53,6 +89,14 @@ MEMORY_V2_VERSION = ctypes.sizeof(MemoryV2) | (2 << 24)  # NVML_STRUCT_VERSION(M
 
 class Utilization(ctypes.Structure):
     _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+class PciInfo(ctypes.Structure):
+    """nvmlPciInfo_t (the _v3 and _v2 calls; the first version fills the same leading fields).
+    domain, bus and device are read rather than the strings, whose size changed between versions."""
+    _fields_ = [("busIdLegacy", ctypes.c_char * 16), ("domain", ctypes.c_uint), ("bus", ctypes.c_uint),
+                ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint), ("pciSubSystemId", ctypes.c_uint),
+                ("busId", ctypes.c_char * 32)]
 
 
 class ProcessInfo(ctypes.Structure):
@@ -151,6 +195,13 @@ class Nvml(object):
         buffer = ctypes.create_string_buffer(UUID_BUFFER_SIZE)
         self._call(("nvmlDeviceGetUUID",), handle, buffer, ctypes.c_uint(UUID_BUFFER_SIZE))
         return buffer.value.decode("ascii", "replace")
+
+    def nvmlDeviceGetPciInfo(self, handle):
+        """The GPU's PCI address (domain, bus, device): what the kernel's Xid lines name it by."""
+        info = PciInfo()
+        self._call(("nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2", "nvmlDeviceGetPciInfo"),
+                   handle, ctypes.byref(info))
+        return info
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle):
         """[ComputeProcess]: asked for the count first, then with room for a few more that may

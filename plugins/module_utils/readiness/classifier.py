@@ -1,7 +1,9 @@
 """The phase classifier: snapshots in, a verdict out. Pure: no I/O, no clock, no sleeping.
 
 "Why did it say stalled?" is answered here. The rules, in order:
-1. failed   a crash signature in the log (root-cause line as evidence: when no line names the
+1. failed   a fatal NVIDIA Xid in the kernel log on a watched GPU (readiness/xid.py: the GPU or
+            its driver failed; a benign one, or one on a GPU the wait does not watch, is only
+            quoted in the evidence); a crash signature in the log (root-cause line as evidence: when no line names the
             cause yet, one more look waits for the traceback); the process gone (pid
             mode) or the unit failed, stopped after running, restarted (NRestarts up, MainPID
             changed, SubState auto-restart: a crash that exits 0 is still a crash); vLLM's
@@ -32,7 +34,7 @@ from typing import Any, Dict, List, Optional
 from urllib.parse import urlparse
 
 from ..common.formatting import exit_words, http_result, mib as _mib
-from . import engines
+from . import engines, xid
 from .peers import PeerTracker
 from .phases import FAILED, INITIALIZING, LOADING, NOT_STARTED, PHASES, READY, STALLED, STARTING, TIMEOUT
 from .spin import SpinTracker
@@ -111,6 +113,7 @@ class ClassifierState(object):
     # The ranks seen alive, by str(pid): {"rank", "comm"}, to name the one that dies.
     ranks_seen: Dict[str, Dict[str, Any]] = dataclasses.field(default_factory=dict)
     peers: PeerTracker = dataclasses.field(default_factory=PeerTracker)  # a multi-node group's other nodes
+    xids: List[Dict[str, Any]] = dataclasses.field(default_factory=list)  # the kernel's Xid lines seen (Snapshot.xids)
 
     def new_run(self, line):
         """A run-start marker (`line`): what the log said of an earlier run no longer counts."""
@@ -219,6 +222,7 @@ class Classifier(object):
         proc = snap.process or {}
         events = []
 
+        st.xids = (st.xids + list(getattr(snap, "xids", None) or []))[-XIDS_KEPT:]
         self._read_logs(snap.log_context, context=True)
         new_lines = self._read_logs(snap.log_lines, context=False)
         if new_lines:
@@ -409,6 +413,10 @@ class Classifier(object):
         # A server that died of "Address already in use" is best told who holds the port.
         held = ("; port %d is held by another process (pid %d, %s)" % (cfg.port(), holder["pid"], holder.get("comm") or "?")
                 if holder else "")
+        # Before the log's crash line: a GPU fault makes the engine fail too, and the fault is the cause.
+        verdict = self._xid_failure()
+        if verdict is not None:
+            return verdict
         if st.fatal is not None:
             cause = engines.root_cause(st.tail, st.fatal)
             if cause[0] == st.fatal and alive and not st.fatal_waited:
@@ -459,6 +467,34 @@ class Classifier(object):
                            % (cfg.port(), holder["pid"], holder.get("comm") or "?", sorted(ours)[:8]),
                            evidence=self._crash_evidence(), terminal=True)
         return None
+
+    def _xid_watched(self, record):
+        """Whether an Xid names a GPU of this wait: any GPU when all are watched; with `gpus` given,
+        only those (another GPU of a shared host may be another model's)."""
+        if self.config.gpus is None:
+            return True
+        return record.get("gpu") is not None and record["gpu"] in self.config.gpus
+
+    def _xid_failure(self):
+        for record in self.state.xids:
+            if xid.is_fatal(record["code"]) and self._xid_watched(record):
+                meaning, _severity, action = xid.describe(record["code"])
+                return Verdict(FAILED, "failed: %s reported Xid %d (%s): a fault of the GPU or its driver, not "
+                               "of the engine; %s" % (_xid_gpu(record), record["code"], meaning, action),
+                               evidence=[record["line"]] + self._crash_evidence(), terminal=True)
+        return None
+
+    def _xid_quotes(self):
+        """The Xid lines that did not fail the wait, in words, for any verdict's evidence."""
+        quotes = []
+        for record in self.state.xids:
+            meaning, severity, _action = xid.describe(record["code"])
+            if severity == xid.FATAL and self._xid_watched(record):
+                continue  # the failure's own evidence
+            why = "not a watched GPU" if severity == xid.FATAL else severity
+            quotes.append("kernel: %s [Xid %d on %s: %s; %s]"
+                          % (record["line"], record["code"], _xid_gpu(record), meaning, why))
+        return quotes[-XIDS_QUOTED:]
 
     def _track_ranks(self, proc):
         """The ranks seen alive at an earlier look that are gone now or zombies: [(str(pid), seen)]."""
@@ -811,6 +847,7 @@ class Classifier(object):
         verdict.source = self._source(snap)
         if verdict.phase == FAILED and entries and "; the ranks' stacks: " not in verdict.msg:
             verdict.msg += self._where_note(t)
+        verdict.evidence = verdict.evidence + [q for q in self._xid_quotes() if q not in verdict.evidence]
         return verdict
 
     def _eta(self, t, verdict):
@@ -848,6 +885,18 @@ class Classifier(object):
     @staticmethod
     def _secs(seconds):
         return "%d s" % round(seconds)
+
+
+# The kernel's Xid lines kept across looks, and quoted in a verdict's evidence.
+XIDS_KEPT = 50
+XIDS_QUOTED = 5
+
+
+def _xid_gpu(record):
+    """`GPU 3 (PCI 0000:41:00)`, or `the GPU at PCI 0000:41:00` when the driver could not say which."""
+    if record.get("gpu") is None:
+        return "the GPU at PCI %s" % record.get("pci")
+    return "GPU %d (PCI %s)" % (record["gpu"], record.get("pci"))
 
 
 # Looks in a row of reads beyond the disk with no weight file open before they are called a stream.

@@ -2,13 +2,14 @@
 import resource
 import time
 
-from ..host import http_probe, hub_cache, infiniband, procfs, systemd
+from ..host import http_probe, hub_cache, infiniband, kernel_log, procfs, systemd
 from ..common.command import run_command
 from ..common.errors import InputError
 from ..common.units import MIB
 from ..host.gpu import GpuReader
 from ..host.logs import FileTailer, JournalReader
 from ..host.stacks import StackReader, process_name, rank_of
+from . import xid
 from .snapshot import Snapshot
 
 
@@ -36,6 +37,9 @@ class HostProbe(object):
         self.stack_locals = True
         self.hub = hub_cache.HubCacheReader(config.unit, runner=runner, proc_root=proc_root)
         self.infiniband_root = infiniband.SYSFS_ROOT
+        self.kernel_log = None  # host/kernel_log.KernelLog, from the server's start: made at the first look
+        self.kernel_log_path = None  # None: /dev/kmsg (or MODELWAKE_KMSG_PATH, for tests)
+        self.wait_start_usec = int(time.monotonic() * 1e6)  # the kernel log's clock: microseconds since boot
         self.zombies = {}  # unit mode: the unit's unreaped dead processes at the latest look
         self.reads_prev = (None, None)  # the tree's rchar and read_bytes at the previous look
         self.sources = []
@@ -149,6 +153,9 @@ class HostProbe(object):
         self.gpu_cpu_s += time.process_time() - cpu_before
         if self.gpus.error and not self.gpus.no_gpu_tools:
             errors.append(self.gpus.error)
+        xids = self._xids(root_pid)
+        if self.kernel_log.error:
+            errors.append(self.kernel_log.error)
         new_lines, context = [], []
         for source in self.sources:
             lines = source.read_new()
@@ -167,7 +174,35 @@ class HostProbe(object):
                         peers=self._peer_connections(),
                         downloads=self.hub.read(processes) if processes else None,
                         ib_rcv_bytes=infiniband.received_bytes(ib_ports), ib_ports=ib_ports or None,
-                        load=procfs.load(self.proc_root))
+                        load=procfs.load(self.proc_root), xids=xids)
+
+    def _xids(self, root_pid):
+        """The kernel's Xid lines new since the previous look, from the server's start on, each with the
+        index of the GPU it names (by PCI id)."""
+        if self.kernel_log is None:
+            self.kernel_log = kernel_log.KernelLog(since_usec=self._start_usec(root_pid), path=self.kernel_log_path)
+            found = self.kernel_log.read_new()
+            if self.kernel_log.error is None:
+                self.gpus.pci_bus_ids()  # read while the driver answers: a fault may wedge it later
+        else:
+            found = self.kernel_log.read_new()
+        xids = [dict(parsed, usec=record["usec"]) for parsed, record in
+                ((xid.parse(record["message"]), record) for record in found) if parsed is not None]
+        if xids:
+            by_pci = dict((pci, index) for index, pci in self.gpus.pci_bus_ids().items())
+            for record in xids:
+                record["gpu"] = by_pci.get(record["pci"])
+        return xids
+
+    def _start_usec(self, root_pid):
+        """When the server started, in microseconds since boot (the kernel log's clock): its root
+        process's start, else the wait's."""
+        start = self.root_start
+        if start is None and root_pid:
+            start = (procfs.read_process(root_pid, self.proc_root) or {}).get("starttime")
+        if start is None:
+            return self.wait_start_usec
+        return min(self.wait_start_usec, int(start * 1e6 / procfs.CLK_TCK))
 
     def _weight_files_open(self, processes, io_totals, read_bytes):
         """procfs.open_weight_files, asked only at a look where rchar grew by a MiB beyond read_bytes

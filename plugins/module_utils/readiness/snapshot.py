@@ -39,6 +39,10 @@ class Snapshot(object):
     # The host's CPU pressure (host/procfs.py load(): {"runnable", "load1", "cores"}): a stall on a
     # saturated host may be starvation, not a hang.
     load: Optional[Dict[str, Any]] = None
+    # The kernel's NVIDIA Xid lines new at this look, since the server's start (readiness/xid.py
+    # parse(), with "gpu": the GPU's index by its PCI id, None when the driver could not tell; and
+    # "usec": the record's time since boot); None where the kernel log was not read.
+    xids: Optional[List[Dict[str, Any]]] = None
 
     def to_dict(self):
         return dataclasses.asdict(self)
