@@ -173,3 +173,10 @@ class GpuReader(object):
                               "used_memory_mib": _number(cols[2])})
             return found
         return []
+
+    def nvml_devices(self):
+        """(nvml, [(index, handle, uuid)]) of the watched GPUs when NVML is the backend, else
+        (None, []): for reads built on the same session (host/gpu_health.py)."""
+        if self._choose() != "nvml":
+            return None, []
+        return self._nvml, self._nvml_devices()
