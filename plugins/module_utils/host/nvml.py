@@ -210,7 +210,7 @@ class Nvml(object):
     def nvmlDeviceGetRemappedRows(self, handle):
         """RemappedRows(corrRows, uncRows, isPending, failureOccurred); NvmlError 3 (Not Supported)
         before Ampere, which has no row remapping."""
-        counts = [ctypes.c_uint(0) for _ in range(4)]
+        counts = [ctypes.c_uint(0), ctypes.c_uint(0), ctypes.c_uint(0), ctypes.c_uint(0)]
         self._call(("nvmlDeviceGetRemappedRows",), handle, *[ctypes.byref(c) for c in counts])
         return RemappedRows(*[c.value for c in counts])
 
