@@ -100,7 +100,7 @@ fabric_manager:
   returned: always
   type: dict
 notes:
-  description: What was not read or not compared, and why.
+  description: What was not read or not compared, and why (a GPU's own notes prefixed with C(GPU <index>:)).
   returned: always
   type: list
   elements: str
@@ -155,7 +155,8 @@ def main():
         preflight_health.DRIVER_FOR_CUDA: params["require_driver_for_cuda"],
     }
     verdict = preflight_health.judge(health, torch, require)
-    notes = health["notes"] + ([torch["note"]] if torch["note"] else [])
+    notes = (health["notes"] + ["GPU %d: %s" % (gpu["index"], note) for gpu in health["gpus"] for note in gpu["notes"]]
+             + ([torch["note"]] if torch["note"] else []))
     module.exit_json(
         changed=False,
         backend=health["backend"],

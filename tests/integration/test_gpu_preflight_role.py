@@ -234,14 +234,15 @@ def test_persistence_mode_off_is_refused_naming_the_gpu_and_the_fix(tmp_path, gp
 
 
 def test_a_gpu_not_needed_does_not_refuse_and_a_check_turned_off_only_reports(tmp_path, gpu_dir, library_dir):
-    script_health(gpu_dir, gpus={2: {"persistence_mode": False}})
+    script_health(gpu_dir, gpus={2: {"persistence_mode": False, "remapped_rows": None}})
     proc = run(tmp_path, gpu_dir, {"gpu_preflight_gpus": [0, 1]}, library_dir=library_dir)
     assert proc.returncode == 0, proc.stdout
     proc = run(tmp_path, gpu_dir, {"gpu_preflight_gpus": [2], "gpu_preflight_require_persistence": False},
                library_dir=library_dir)
     assert proc.returncode == 0, proc.stdout
     assert "not required: GPU 2 (GPU-fake-2) has persistence mode off" in flat(proc.stdout)
-    assert "GPU 2 persistence off" in flat(proc.stdout)
+    assert "GPU 2 persistence off remapped rows n/a" in flat(proc.stdout)
+    assert "GPU 2: no row remapping on this GPU (before Ampere): not checked" in flat(proc.stdout)
 
 
 def test_a_row_remapping_failure_and_a_pending_remap_are_refused(tmp_path, gpu_dir, library_dir):
