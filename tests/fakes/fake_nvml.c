@@ -8,6 +8,12 @@
  *                                 "memory_reserved_mib" (the driver's own, default 0),
  *                                 "utilization_gpu" (null: Not Supported)}, ...]}
  *   holder-<name>.json {"pid": 1234, "gpus": {"0": {"memory_mib": 76000, "utilization": 0}}}
+ * The GPU health preflight's answers, per GPU in gpus.json (healthy when left out):
+ *   "persistence_mode" true|false (default true), "remapped_rows" null (Not Supported: before
+ *   Ampere) or {"correctable", "uncorrectable", "pending" (0/1), "failure" (0/1)} (default all 0),
+ *   "fabric" {"state": "not_started"|"in_progress"|"completed", "status" (an nvmlReturn_t)} (left
+ *   out: Not Supported, a GPU on no NVSwitch fabric); at the top, "driver_version" (default
+ *   "580.95.05") and "cuda_driver_version" (default 13000, CUDA 13.0).
  * A holder whose pid is gone (or a zombie) holds nothing, as on a real GPU. The picture is read
  * again when the directory changed (the writers replace files atomically) or 0.2 s have passed.
  *
@@ -173,6 +179,73 @@ static void load_bus_id(gpu_t *gpu, const char *open, const char *close) {
     }
 }
 
+/* The GPU health preflight's picture (persistence mode, remapped rows, fabric, driver), kept apart
+   from gpu_t: health[i] belongs to gpus[i]. */
+#define FABRIC_NOT_SUPPORTED 0
+#define FABRIC_NOT_STARTED 1
+#define FABRIC_IN_PROGRESS 2
+#define FABRIC_COMPLETED 3
+
+typedef struct {
+    int persistence;
+    int remap_supported;
+    unsigned int remap_correctable, remap_uncorrectable, remap_pending, remap_failure;
+    int fabric_state, fabric_status;
+} health_t;
+
+typedef struct { unsigned char clusterUuid[16]; int status; unsigned int cliqueId; unsigned char state; } nvmlGpuFabricInfo_t;
+
+static health_t health[MAX_GPUS];
+static char driver_version[80] = "580.95.05";
+static int cuda_driver_version = 13000;
+
+static int flag_of(const char *start, const char *end, const char *key, int fallback) {
+    const char *p = value_of(start, end, key);
+    if (!p) return fallback;
+    if (strncmp(p, "true", 4) == 0) return 1;
+    if (strncmp(p, "false", 5) == 0 || strncmp(p, "null", 4) == 0) return 0;
+    return strtol(p, NULL, 10) != 0;
+}
+
+static void load_system(const char *start, const char *end) {
+    snprintf(driver_version, sizeof driver_version, "580.95.05");
+    const char *driver = value_of(start, end, "driver_version");
+    if (driver && *driver == '"') {
+        const char *last = strchr(driver + 1, '"');
+        if (last && last - driver - 1 < (long)sizeof driver_version) {
+            memcpy(driver_version, driver + 1, last - driver - 1);
+            driver_version[last - driver - 1] = '\0';
+        }
+    }
+    cuda_driver_version = (int)number_of(start, end, "cuda_driver_version", 13000);
+}
+
+static void load_health(const char *open, const char *close, health_t *h) {
+    h->persistence = flag_of(open, close, "persistence_mode", 1);
+    h->remap_supported = 1;
+    h->remap_correctable = h->remap_uncorrectable = h->remap_pending = h->remap_failure = 0;
+    const char *rows = value_of(open, close, "remapped_rows");
+    if (rows && strncmp(rows, "null", 4) == 0) h->remap_supported = 0;
+    if (rows && *rows == '{') {
+        const char *rows_end = object_end(rows);
+        h->remap_correctable = (unsigned int)number_of(rows, rows_end, "correctable", 0);
+        h->remap_uncorrectable = (unsigned int)number_of(rows, rows_end, "uncorrectable", 0);
+        h->remap_pending = (unsigned int)flag_of(rows, rows_end, "pending", 0);
+        h->remap_failure = (unsigned int)flag_of(rows, rows_end, "failure", 0);
+    }
+    h->fabric_state = FABRIC_NOT_SUPPORTED;
+    h->fabric_status = NVML_SUCCESS;
+    const char *fabric = value_of(open, close, "fabric");
+    if (fabric && *fabric == '{') {
+        const char *fabric_end = object_end(fabric);
+        const char *state = value_of(fabric, fabric_end, "state");
+        if (state && strncmp(state, "\"not_started\"", 13) == 0) h->fabric_state = FABRIC_NOT_STARTED;
+        else if (state && strncmp(state, "\"in_progress\"", 13) == 0) h->fabric_state = FABRIC_IN_PROGRESS;
+        else if (state && strncmp(state, "\"completed\"", 11) == 0) h->fabric_state = FABRIC_COMPLETED;
+        h->fabric_status = (int)number_of(fabric, fabric_end, "status", NVML_SUCCESS);
+    }
+}
+
 static void load_gpus(const char *dir) {
     char path[4096];
     snprintf(path, sizeof path, "%s/gpus.json", dir);
@@ -180,6 +253,7 @@ static void load_gpus(const char *dir) {
     gpu_count = -1;
     if (!text) return;
     gpu_count = 0;
+    load_system(text, text + strlen(text));
     const char *list = value_of(text, text + strlen(text), "gpus");
     for (const char *open = list ? strchr(list, '{') : NULL; open && gpu_count < MAX_GPUS; open = strchr(open + 1, '{')) {
         const char *close = object_end(open);
@@ -201,6 +275,7 @@ static void load_gpus(const char *dir) {
         const char *util = value_of(open, close, "utilization_gpu");
         gpu->util = util && strncmp(util, "null", 4) == 0 ? -1 : (int)number_of(open, close, "utilization_gpu", 0);
         load_bus_id(gpu, open, close);
+        load_health(open, close, &health[gpu_count]);
         gpu_count++;
         open = close;
     }
@@ -428,5 +503,60 @@ int nvmlDeviceGetPciInfo_v3(void *device, nvmlPciInfo_t *pci) {
     pci->pciDeviceId = 0x233510de; /* an H200's */
     snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0", pci->domain & 0xFFFF, pci->bus, pci->device);
     snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.0", pci->domain, pci->bus, pci->device);
+    return NVML_SUCCESS;
+}
+
+/* The GPU health preflight's calls. */
+static health_t *health_of(void *device) {
+    gpu_t *gpu = device_of(device);
+    return gpu ? &health[gpu - gpus] : NULL;
+}
+
+int nvmlDeviceGetPersistenceMode(void *device, int *mode) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    health_t *h = health_of(device);
+    if (!h || !mode) return NVML_ERROR_INVALID_ARGUMENT;
+    *mode = h->persistence;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetRemappedRows(void *device, unsigned int *corrRows, unsigned int *uncRows, unsigned int *isPending,
+                              unsigned int *failureOccurred) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    health_t *h = health_of(device);
+    if (!h || !corrRows || !uncRows || !isPending || !failureOccurred) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!h->remap_supported) return NVML_ERROR_NOT_SUPPORTED;
+    *corrRows = h->remap_correctable;
+    *uncRows = h->remap_uncorrectable;
+    *isPending = h->remap_pending;
+    *failureOccurred = h->remap_failure;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetGpuFabricInfo(void *device, nvmlGpuFabricInfo_t *info) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    health_t *h = health_of(device);
+    if (!h || !info) return NVML_ERROR_INVALID_ARGUMENT;
+    if (h->fabric_state == FABRIC_NOT_SUPPORTED) return NVML_ERROR_NOT_SUPPORTED;
+    memset(info, 0, sizeof *info);
+    info->state = (unsigned char)h->fabric_state;
+    info->status = h->fabric_status;
+    return NVML_SUCCESS;
+}
+
+int nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    refresh();
+    if (!version) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(driver_version) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(version, driver_version);
+    return NVML_SUCCESS;
+}
+
+int nvmlSystemGetCudaDriverVersion_v2(int *version) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    refresh();
+    if (!version) return NVML_ERROR_INVALID_ARGUMENT;
+    *version = cuda_driver_version;
     return NVML_SUCCESS;
 }

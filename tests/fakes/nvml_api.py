@@ -88,3 +88,48 @@ def nvmlDeviceGetPciInfo(handle):
     index = _STATE["devices"].index(handle)
     domain, bus, device = handle.get("bus_id", "00000000:%02X:00.0" % (0x18 + index)).split(".")[0].split(":")
     return types.SimpleNamespace(domain=int(domain, 16), bus=int(bus, 16), device=int(device, 16))
+# The GPU health preflight's calls: a device is healthy unless its dict says otherwise
+# ("persistence_mode": False; "remapped_rows": None for a GPU before Ampere, or {"correctable",
+# "uncorrectable", "pending", "failure"}; "fabric": {"state": 1..3, "status"}, absent: no fabric).
+_SYSTEM = {"driver_version": "580.95.05", "cuda_driver_version": 13000}
+
+
+class NVMLNotSupported(NVMLError):
+    """NVML_ERROR_NOT_SUPPORTED, with its code as nvml.NvmlError carries it."""
+    code = 3
+
+    def __init__(self):
+        super().__init__("Not Supported")
+
+
+def configure_system(driver_version="580.95.05", cuda_driver_version=13000):
+    _SYSTEM.update(driver_version=driver_version, cuda_driver_version=cuda_driver_version)
+
+
+def nvmlSystemGetDriverVersion():
+    _check()
+    return _SYSTEM["driver_version"]
+
+
+def nvmlSystemGetCudaDriverVersion():
+    _check()
+    return _SYSTEM["cuda_driver_version"]
+
+
+def nvmlDeviceGetPersistenceMode(handle):
+    return handle.get("persistence_mode", True)
+
+
+def nvmlDeviceGetRemappedRows(handle):
+    rows = handle.get("remapped_rows", {})
+    if rows is None:
+        raise NVMLNotSupported()
+    return types.SimpleNamespace(corrRows=rows.get("correctable", 0), uncRows=rows.get("uncorrectable", 0),
+                                 isPending=rows.get("pending", False), failureOccurred=rows.get("failure", False))
+
+
+def nvmlDeviceGetGpuFabricInfo(handle):
+    fabric = handle.get("fabric")
+    if fabric is None:
+        raise NVMLNotSupported()
+    return types.SimpleNamespace(state=fabric["state"], status=fabric.get("status", 0))

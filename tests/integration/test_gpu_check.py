@@ -39,3 +39,13 @@ def test_every_check_runs_on_scripted_gpus_through_nvml(tmp_path):
     assert figures["holders"] and figures["holders"][0]["used_memory_mib"] == figures["memory_used_mib"][-1]
     assert figures["result"]["phase"] == "stalled"
     assert figures["read_cost"]["gpus"] == 8 and figures["read_cost"]["read_cpu_ms"] > 0
+    # The health preflight's reads, through NVML and through the scripted nvidia-smi, of the scripted picture.
+    health = figures["health"]
+    for read in (health["nvml"], health["nvidia_smi"]):
+        assert (read["driver_version"], read["cuda_version"]) == ("570.124.06", "12.8")
+        assert read["gpus"][0]["persistence_mode"] is True
+        assert read["gpus"][0]["remapped_rows"] == {"correctable": 2, "uncorrectable": 0, "pending": False,
+                                                    "failure": False}
+    assert health["nvml"]["backend"] == "nvml" and health["nvidia_smi"]["backend"] == "nvidia-smi"
+    assert health["problems"] == []
+    assert "nvidia-smi agrees; the preflight would pass" in done.stdout

@@ -1,6 +1,7 @@
 """The gpu_preflight role run by ansible-playbook against this machine, with the scripted GPUs.
 
-tests/fakes/nvidia-smi is first on PATH and reads a temporary MODELWAKE_FAKE_GPU_DIR; the GPU
+tests/fakes/nvidia-smi is first on PATH and reads a temporary MODELWAKE_FAKE_GPU_DIR (the health
+tests put the fake libnvidia-ml.so.1 on LD_LIBRARY_PATH too, so NVML answers); the GPU
 "holders" are real processes started here (and stopped by PID afterwards). This machine has no
 systemd, so no holder can be attributed to a unit: the stop-a-listed-unit path is tested on the
 systemd test hosts (molecule/deploy-preflight).
@@ -15,6 +16,7 @@ import numpy
 import pytest
 from safetensors.numpy import save_file
 
+from tests.fakes import fake_nvml
 from tests.helpers import ANSIBLE_PLAYBOOK as PLAYBOOK, FAKES, ROOT
 MIB = 1024 * 1024
 
@@ -26,6 +28,7 @@ PLAY = """
   environment:
     PATH: "{{ fake_path }}"
     MODELWAKE_FAKE_GPU_DIR: "{{ fake_gpu_dir }}"
+    LD_LIBRARY_PATH: "{{ fake_library_dir }}"
   roles:
     - role: gpu_preflight
   tasks:
@@ -71,15 +74,15 @@ def model(tmp_path):
     return path
 
 
-def run(tmp_path, gpu_dir, host_vars, path=None):
+def run(tmp_path, gpu_dir, host_vars, path=None, library_dir="", check=False):
     inventory = {"all": {"hosts": {"gpuhost": dict(host_vars, ansible_python_interpreter=sys.executable)}}}
     (tmp_path / "inventory.json").write_text(json.dumps(inventory))
     (tmp_path / "play.yml").write_text(PLAY)
     extra = {"fake_path": path if path is not None else FAKES + os.pathsep + os.environ["PATH"],
-             "fake_gpu_dir": str(gpu_dir)}
+             "fake_gpu_dir": str(gpu_dir), "fake_library_dir": library_dir}
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     return subprocess.run([PLAYBOOK, "-i", str(tmp_path / "inventory.json"), str(tmp_path / "play.yml"),
-                           "-e", json.dumps(extra)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                           "-e", json.dumps(extra)] + (["--check"] if check else []), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, universal_newlines=True, timeout=300)
 
 
@@ -99,6 +102,9 @@ def test_free_gpus_and_a_complete_model_pass(tmp_path, gpu_dir, model):
     assert expected and int(expected.group(1)) >= 1, out
     assert "no process holds the needed GPUs" in out
     assert "0/97887" in out
+    # The health read through nvidia-smi (no driver library here): the fake's healthy defaults.
+    assert "driver 580.95.05 (CUDA 13.0)" in out
+    assert "GPU 7 persistence on remapped rows 0 correctable, 0 uncorrectable" in out
 
 
 def test_foreign_holder_fails_naming_its_pid(tmp_path, gpu_dir, holder_process):
@@ -185,3 +191,101 @@ def test_bad_input_is_a_clear_error(tmp_path, gpu_dir, bad, message):
     assert proc.returncode == 2, proc.stdout
     assert message in flat(proc.stdout)
     assert "Read the GPUs and who holds them" not in proc.stdout
+
+
+# The GPU health preflight: NVML answers from the scripted picture, and each refusal comes before
+# anything on the host changes (no unit stopped, no holder touched, changed=0).
+
+@pytest.fixture(scope="module")
+def library_dir(tmp_path_factory):
+    return os.path.dirname(fake_nvml.build(str(tmp_path_factory.mktemp("fake-nvml"))))
+
+
+def script_health(gpu_dir, **per_gpu_and_system):
+    """Change the picture of gpu_dir: {"gpus": {index: fields}} and top-level fields (driver_version, ...)."""
+    spec = json.loads((gpu_dir / "gpus.json").read_text())
+    for index, fields in per_gpu_and_system.pop("gpus", {}).items():
+        spec["gpus"][index].update(fields)
+    spec.update(per_gpu_and_system)
+    (gpu_dir / "gpus.json").write_text(json.dumps(spec))
+
+
+def assert_refused_before_any_change(proc):
+    assert proc.returncode == 2, proc.stdout
+    assert "nothing was changed" in flat(proc.stdout)
+    assert "Read the GPUs and who holds them" not in proc.stdout
+    assert re.search(r"gpuhost\s*: ok=\d+\s+changed=0\s", proc.stdout), proc.stdout
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["run", "check-mode"])
+def test_persistence_mode_off_is_refused_naming_the_gpu_and_the_fix(tmp_path, gpu_dir, holder_process, library_dir,
+                                                                     check):
+    script_health(gpu_dir, gpus={1: {"persistence_mode": False}})
+    proc = run(tmp_path, gpu_dir, {"gpu_preflight_gpus": [0, 1], "gpu_preflight_service_unit": "sglang-k26",
+                                   "gpu_preflight_stop_units": ["sglang-k26-ddtree"]},
+               library_dir=library_dir, check=check)
+    assert_refused_before_any_change(proc)
+    out = flat(proc.stdout)
+    assert "The GPUs of gpuhost are not healthy, nothing was changed:" in out
+    assert ("GPU 1 (GPU-fake-1) has persistence mode off: enable it: nvidia-smi -pm 1 (until the next reboot) or the "
+            "nvidia-persistenced service") in out
+    assert "GPU 0 (GPU-fake-0) has persistence" not in out
+    assert holder_process.poll() is None
+
+
+def test_a_gpu_not_needed_does_not_refuse_and_a_check_turned_off_only_reports(tmp_path, gpu_dir, library_dir):
+    script_health(gpu_dir, gpus={2: {"persistence_mode": False, "remapped_rows": None}})
+    proc = run(tmp_path, gpu_dir, {"gpu_preflight_gpus": [0, 1]}, library_dir=library_dir)
+    assert proc.returncode == 0, proc.stdout
+    proc = run(tmp_path, gpu_dir, {"gpu_preflight_gpus": [2], "gpu_preflight_require_persistence": False},
+               library_dir=library_dir)
+    assert proc.returncode == 0, proc.stdout
+    assert "not required: GPU 2 (GPU-fake-2) has persistence mode off" in flat(proc.stdout)
+    assert "GPU 2 persistence off remapped rows n/a" in flat(proc.stdout)
+    assert "GPU 2: no row remapping on this GPU (before Ampere): not checked" in flat(proc.stdout)
+
+
+def test_a_row_remapping_failure_and_a_pending_remap_are_refused(tmp_path, gpu_dir, library_dir):
+    script_health(gpu_dir, gpus={3: {"remapped_rows": {"correctable": 0, "uncorrectable": 640, "pending": 0,
+                                                      "failure": 1}},
+                                 4: {"remapped_rows": {"correctable": 1, "uncorrectable": 0, "pending": 1,
+                                                      "failure": 0}}})
+    proc = run(tmp_path, gpu_dir, {"gpu_preflight_gpus": [3, 4, 5]}, library_dir=library_dir)
+    assert_refused_before_any_change(proc)
+    out = flat(proc.stdout)
+    assert ("GPU 3 (GPU-fake-3) has a row-remapping failure (640 rows remapped for uncorrectable errors, 0 for "
+            "correctable ones): its memory has a fault it can no longer hide: drain the node and have the GPU "
+            "replaced.") in out
+    assert ("GPU 4 (GPU-fake-4) has a pending row remap: reset the GPU (nvidia-smi -r -i 4, with no process on it) "
+            "or reboot to apply the pending remap.") in out
+
+
+def test_gpus_that_never_joined_the_nvswitch_fabric_are_refused(tmp_path, gpu_dir, library_dir):
+    """An HGX host whose fabric manager is down: NVML reports every GPU's fabric registration not started."""
+    script_health(gpu_dir, driver_version="570.124.06", cuda_driver_version=12080,
+                  gpus=dict((i, {"fabric": {"state": "not_started", "status": 0}}) for i in range(8)))
+    proc = run(tmp_path, gpu_dir, {"gpu_preflight_gpus": [0, 1]}, library_dir=library_dir)
+    assert_refused_before_any_change(proc)
+    out = flat(proc.stdout)
+    for index in (0, 1):
+        assert ("GPU %d (GPU-fake-%d) has not joined the NVSwitch fabric (fabric manager not running): install and "
+                "start nvidia-fabricmanager matching driver 570.124.06" % (index, index)) in out
+    assert "GPU 2 (GPU-fake-2)" not in out
+
+
+def test_a_driver_older_than_the_engines_torch_build_is_refused(tmp_path, gpu_dir, library_dir):
+    venv = tmp_path / "venv"
+    torch = venv / "lib" / "python3.12" / "site-packages" / "torch"
+    torch.mkdir(parents=True)
+    (torch / "version.py").write_text("__version__ = '2.9.1+cu128'\ncuda: Optional[str] = '12.8'\n")
+    script_health(gpu_dir, driver_version="535.104.05", cuda_driver_version=12020)
+    proc = run(tmp_path, gpu_dir, {"gpu_preflight_gpus": [0], "gpu_preflight_venv": str(venv)},
+               library_dir=library_dir)
+    assert_refused_before_any_change(proc)
+    assert ("GPU driver 535.104.05 supports CUDA 12.2, the engine's torch 2.9.1+cu128 is built for CUDA 12.8: "
+            "upgrade the driver to >= 570.26 (or install a torch built for cu122).") in flat(proc.stdout)
+    # The simulated engine's venv has no torch: the comparison is skipped and says so.
+    proc = run(tmp_path, gpu_dir, {"gpu_preflight_gpus": [0], "gpu_preflight_venv": str(tmp_path / "no-torch")},
+               library_dir=library_dir)
+    assert proc.returncode == 0, proc.stdout
+    assert "no torch in %s" % (tmp_path / "no-torch") in flat(proc.stdout)

@@ -287,3 +287,32 @@ class GpuReader(object):
                 found.append({"index": index, "pid": int(proc.pid),
                               "used_memory_mib": None if used is None else int(used // MIB)})
         return found
+    def nvml_devices(self):
+        """(nvml, [(index, handle, uuid)]) of the watched GPUs when NVML is the backend, else
+        (None, []): for reads built on the same session (host/gpu_health.py). Every call made
+        through that `nvml` is bounded as the reader's own are; once one does not answer, the
+        others fail at once with the same NvmlTimeout."""
+        if self._choose() != "nvml" or self.wedged:
+            return None, []
+        try:
+            devices = self._bounded(self._nvml_devices)
+        except NvmlTimeout:
+            return None, []
+        return _BoundedNvml(self), devices
+
+
+class _BoundedNvml(object):
+    """The reader's NVML session seen through GpuReader._bounded: `nvml.nvmlDeviceGetX(handle)` runs
+    within the reader's bound, and raises at once when the driver already did not answer."""
+
+    def __init__(self, reader):
+        self._reader = reader
+
+    def __getattr__(self, function):
+        reader = self._reader
+
+        def call(*args):
+            if reader.wedged:
+                raise NvmlTimeout(function, reader.timeout)
+            return reader._bounded(lambda: reader._call(function, *args))
+        return call

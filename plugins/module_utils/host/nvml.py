@@ -118,6 +118,33 @@ class ComputeProcess(object):
         self.usedGpuMemory = None if used == VALUE_NOT_AVAILABLE else used
 
 
+# The GPU health preflight's structs and constants (nvml.h).
+FEATURE_ENABLED = 1  # nvmlEnableState_t
+SYSTEM_DRIVER_VERSION_BUFFER_SIZE = 80  # NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE
+# nvmlGpuFabricState_t: where a GPU is in registering with the fabric manager.
+FABRIC_STATE_NOT_SUPPORTED = 0
+FABRIC_STATE_NOT_STARTED = 1
+FABRIC_STATE_IN_PROGRESS = 2
+FABRIC_STATE_COMPLETED = 3
+
+
+class RemappedRows(object):
+    """nvmlDeviceGetRemappedRows' four answers, under NVML's names."""
+
+    def __init__(self, corrRows, uncRows, isPending, failureOccurred):
+        self.corrRows = corrRows
+        self.uncRows = uncRows
+        self.isPending = bool(isPending)
+        self.failureOccurred = bool(failureOccurred)
+
+
+class GpuFabricInfo(ctypes.Structure):
+    """nvmlGpuFabricInfo_t: `state` an nvmlGpuFabricState_t (an unsigned char), `status` the
+    nvmlReturn_t of the registration once it completed."""
+    _fields_ = [("clusterUuid", ctypes.c_ubyte * 16), ("status", ctypes.c_int), ("cliqueId", ctypes.c_uint),
+                ("state", ctypes.c_ubyte)]
+
+
 class Nvml(object):
     """The NVML calls modelwake makes. Loading the library raises NvmlError (code None) when the
     host has no driver; `library` is a path or a name for the dynamic loader."""
@@ -221,3 +248,37 @@ class Nvml(object):
         if code != SUCCESS:
             raise NvmlError(name, code, self._lib.nvmlErrorString(code).decode("utf-8", "replace"))
         return [ComputeProcess(int(infos[i].pid), int(infos[i].usedGpuMemory)) for i in range(count.value)]
+
+    # The GPU health preflight's reads (host/gpu_health.py): persistence mode, row remapping, the
+    # driver and the CUDA version it supports, and the NVSwitch fabric registration.
+
+    def nvmlDeviceGetPersistenceMode(self, handle):
+        """True when persistence mode is enabled (nvmlEnableState_t 1)."""
+        mode = ctypes.c_int(0)
+        self._call(("nvmlDeviceGetPersistenceMode",), handle, ctypes.byref(mode))
+        return mode.value == FEATURE_ENABLED
+
+    def nvmlDeviceGetRemappedRows(self, handle):
+        """RemappedRows(corrRows, uncRows, isPending, failureOccurred); NvmlError 3 (Not Supported)
+        before Ampere, which has no row remapping."""
+        counts = [ctypes.c_uint(0), ctypes.c_uint(0), ctypes.c_uint(0), ctypes.c_uint(0)]
+        self._call(("nvmlDeviceGetRemappedRows",), handle, *[ctypes.byref(c) for c in counts])
+        return RemappedRows(*[c.value for c in counts])
+
+    def nvmlSystemGetDriverVersion(self):
+        buffer = ctypes.create_string_buffer(SYSTEM_DRIVER_VERSION_BUFFER_SIZE)
+        self._call(("nvmlSystemGetDriverVersion",), buffer, ctypes.c_uint(SYSTEM_DRIVER_VERSION_BUFFER_SIZE))
+        return buffer.value.decode("ascii", "replace")
+
+    def nvmlSystemGetCudaDriverVersion(self):
+        """The newest CUDA version the driver supports, as 1000 * major + 10 * minor (12080: 12.8)."""
+        version = ctypes.c_int(0)
+        self._call(("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"), ctypes.byref(version))
+        return version.value
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle):
+        """GpuFabricInfo (state, status) of a GPU on an NVSwitch fabric; NvmlError 3 (Not Supported)
+        on GPUs without one or before Hopper, 13 (Function Not Found) on drivers before 530."""
+        info = GpuFabricInfo()
+        self._call(("nvmlDeviceGetGpuFabricInfo",), handle, ctypes.byref(info))
+        return info

@@ -1,0 +1,1 @@
+../plugins/modules/gpu_health.py
