@@ -78,7 +78,9 @@ static struct timespec dir_mtime, loaded_at;
 static const char *names[] = {"nvmlInit_v2", "nvmlShutdown", "nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex_v2",
                               "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2",
                               "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetUUID",
-                              "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetPciInfo_v3", NULL};
+                              "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetPciInfo_v3",
+                              "nvmlDeviceGetPersistenceMode", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetGpuFabricInfo",
+                              "nvmlSystemGetDriverVersion", "nvmlSystemGetCudaDriverVersion_v2", NULL};
 static int calls[32];
 
 static void block_if_asked(const char *name);
@@ -513,6 +515,7 @@ static health_t *health_of(void *device) {
 }
 
 int nvmlDeviceGetPersistenceMode(void *device, int *mode) {
+    count("nvmlDeviceGetPersistenceMode");
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     health_t *h = health_of(device);
     if (!h || !mode) return NVML_ERROR_INVALID_ARGUMENT;
@@ -522,6 +525,7 @@ int nvmlDeviceGetPersistenceMode(void *device, int *mode) {
 
 int nvmlDeviceGetRemappedRows(void *device, unsigned int *corrRows, unsigned int *uncRows, unsigned int *isPending,
                               unsigned int *failureOccurred) {
+    count("nvmlDeviceGetRemappedRows");
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     health_t *h = health_of(device);
     if (!h || !corrRows || !uncRows || !isPending || !failureOccurred) return NVML_ERROR_INVALID_ARGUMENT;
@@ -534,6 +538,7 @@ int nvmlDeviceGetRemappedRows(void *device, unsigned int *corrRows, unsigned int
 }
 
 int nvmlDeviceGetGpuFabricInfo(void *device, nvmlGpuFabricInfo_t *info) {
+    count("nvmlDeviceGetGpuFabricInfo");
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     health_t *h = health_of(device);
     if (!h || !info) return NVML_ERROR_INVALID_ARGUMENT;
@@ -545,6 +550,7 @@ int nvmlDeviceGetGpuFabricInfo(void *device, nvmlGpuFabricInfo_t *info) {
 }
 
 int nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    count("nvmlSystemGetDriverVersion");
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     refresh();
     if (!version) return NVML_ERROR_INVALID_ARGUMENT;
@@ -554,6 +560,7 @@ int nvmlSystemGetDriverVersion(char *version, unsigned int length) {
 }
 
 int nvmlSystemGetCudaDriverVersion_v2(int *version) {
+    count("nvmlSystemGetCudaDriverVersion_v2");
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     refresh();
     if (!version) return NVML_ERROR_INVALID_ARGUMENT;

@@ -4,8 +4,10 @@ devices and the fabric manager's unit; and the CUDA build read from a venv's tor
 
 Each GPU picture is written here: the answers asserted are the ones the picture scripts.
 """
+import ctypes
 import json
 import os
+import time
 
 import pytest
 
@@ -270,3 +272,19 @@ def test_the_table_names_each_figure(fake_library, picture):
     assert lines == ["driver 580.95.05 (CUDA 13.0); engine torch 2.9.1+cu128 built for CUDA 12.8",
                      "GPU 0  persistence on  remapped rows 0 correctable, 0 uncorrectable",
                      "GPU 1  persistence off  remapped rows 1 correctable, 0 uncorrectable, pending  fabric completed"]
+
+
+def test_a_health_read_on_a_wedged_driver_ends_in_its_time_and_asks_nothing_more(fake_library, picture, monkeypatch):
+    """The health reads share the reader's bound: a driver that blocks in one call costs one bound, the
+    other calls fail at once, and each GPU's note says why its health is unknown."""
+    picture([{}, {}])
+    monkeypatch.setenv("MODELWAKE_FAKE_NVML_BLOCK", "nvmlDeviceGetPersistenceMode")
+    reader = gpu.GpuReader(nvml=nvml.Nvml(fake_library), runner=no_runner, timeout=0.5)
+    remaps_asked = ctypes.CDLL(fake_library).fakeNvmlCalls(b"nvmlDeviceGetRemappedRows")
+    began = time.monotonic()
+    found = gpu_health.read_health(reader, root="/nonexistent")
+    assert 0.5 <= time.monotonic() - began < 2.0
+    assert reader.wedged.startswith("NVML did not answer in 0.5 s (nvmlDeviceGetPersistenceMode)")
+    assert [g["persistence_mode"] for g in found["gpus"]] == [None, None]
+    assert all(any("did not answer" in note for note in g["notes"]) for g in found["gpus"])
+    assert ctypes.CDLL(fake_library).fakeNvmlCalls(b"nvmlDeviceGetRemappedRows") == remaps_asked
