@@ -39,6 +39,9 @@ class Snapshot(object):
     # The host's CPU pressure (host/procfs.py load(): {"runnable", "load1", "cores"}): a stall on a
     # saturated host may be starvation, not a hang.
     load: Optional[Dict[str, Any]] = None
+    # Unit mode, a unit whose launcher stopped a crash loop (exit status EXIT_CRASH_LOOP): its record of
+    # failed starts (host/failed_starts.py), or {"error": why it could not be read}; else None.
+    crash_loop: Optional[Dict[str, Any]] = None
 
     def to_dict(self):
         return dataclasses.asdict(self)
