@@ -126,8 +126,10 @@ class Launcher(object):
             engine.exited.wait(EOF_WAIT)
             message = "failed: the engine ended at once (%s): %s" % (engine.describe_exit(), exc)
             self.log(message)
-            return self._failed_start(message, engines.crash_evidence(list(engine.output.tail)),
+            code = self._failed_start(message, engines.crash_evidence(list(engine.output.tail)),
                                       self._usage_or(EXIT_FAILED))
+            self._final_textfile(FAILED, message)
+            return code
         reporter = self.reporter = Reporter(notifier, self.clock, options.extend_timeout, name=options.name,
                                             textfile=options.textfile, log=self.log, wall_clock=self.wall_clock,
                                             expected_load=options.expected_load_seconds,
