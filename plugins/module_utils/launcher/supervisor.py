@@ -160,8 +160,8 @@ class Launcher(object):
         if not engine.exited.is_set():
             self.log("stopping the engine's process group %d" % engine.pid)
         engine.stop(grace)
-        self.log("engine %s; exiting %d%s" % (engine.describe_exit(), code,
-                                               "" if code == EXIT_CRASH_LOOP else " so that Restart= applies"))
+        why = "" if code == EXIT_CRASH_LOOP else " so that Restart= applies"
+        self.log("engine %s; exiting %d%s" % (engine.describe_exit(), code, why))
         return code
 
     def _failed_start(self, msg, evidence, code):
