@@ -162,7 +162,9 @@ def test_the_same_error_three_times_stops_the_loop_and_every_look_names_it(guest
     assert (metric("modelwake_failed_starts_total"), metric("modelwake_crash_loop")) == (3, 1)
     # The status playbook's table, and the runner's verdict with the recorded evidence.
     rc, out = play(guest, "playbooks/status.yml")
-    assert rc == 0 and re.search(r"%s\s+%s\s+failed\s+failed: crash loop: 3 failed starts in " % (GUEST, UNIT), out), out
+    # The table's row, as Ansible's output wraps it.
+    row = r"\s+".join([GUEST, UNIT, "failed", "failed:", "crash", "loop:", "3", "failed", "starts", "in"])
+    assert rc == 0 and re.search(row, out), out
     rc, objects = runner_status(guest)
     verdict, = objects[-1]["verdicts"]
     assert rc == 1 and verdict["phase"] == "failed", objects[-1]
@@ -174,8 +176,8 @@ def test_the_same_error_three_times_stops_the_loop_and_every_look_names_it(guest
 def test_another_error_starts_the_count_again(guest):
     # Started again after the stop: a new run. The first error twice, then another one: 1, 2, then 1, 2, 3.
     journal = start_failing([STARTING, STARTING, LOADING])
-    state = unit_state()
-    assert (state["ExecMainStatus"], state["NRestarts"]) == ("7", "4"), (state, journal)
+    assert unit_state()["ExecMainStatus"] == "7", journal
+    assert len(re.findall(r"modelwake: engine started as pid \d+", journal)) == 5, journal
     counts = re.findall(r"modelwake: failed start (\d) of 3 in a row", journal)
     assert counts == ["1", "2", "1", "2"], journal
     kept = record()
