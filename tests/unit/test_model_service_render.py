@@ -126,6 +126,7 @@ def rendered(tmp_path_factory):
         "liveness": {"model_service_engine": "sglang", "model_service_unit": "sglang-live", "model_service_model_path": k26,
                      "model_service_watchdog_sec": 60, "model_service_liveness": True,
                      "model_service_liveness_failures": 4, "model_service_liveness_check": "completion",
+                     "model_service_crash_loop_starts": 5,
                      "model_service_failure_webhook_url": "https://hooks.example.test/" + SECRET},
         "notify": {"model_service_engine": "vllm", "model_service_unit": "vllm-notify", "model_service_model_path": k26,
                    "model_service_launcher": True,
@@ -224,7 +225,8 @@ def test_launcher_makes_a_notify_unit_and_words_are_quoted_for_systemd(rendered)
     assert exec_start(unit) == (
         'ExecStart={venv}/bin/python /opt/modelwake/lib/modelwake-launch --url http://127.0.0.1:30001 --engine vllm '
         '--model {k26} --model-path {k26} --ready-check completion --timeout 3600 --stall-timeout 600 '
-        '--poll-interval 5 --extend-timeout 640 --stop-timeout 110 --name vllm-notify.service -- '
+        '--poll-interval 5 --extend-timeout 640 --stop-timeout 110 '
+        '--state-dir /var/lib/modelwake/vllm-notify --crash-loop-starts 3 --name vllm-notify.service -- '
         '{venv}/bin/python -m vllm.entrypoints.openai.api_server '
         '--model {k26} --host 127.0.0.1 --port 30001 --tensor-parallel-size 1 '
         '--note "50%% of $$HOME \\"q\\"" --x %%h'.format(venv=VENV, k26=rendered["k26"]))
@@ -278,6 +280,15 @@ def test_liveness_adds_the_launcher_options_under_a_watchdog(rendered):
     assert "--liveness" not in exec_start(read(rendered, "notify", "unit.service"))
 
 
+def test_a_launcher_unit_records_its_failed_starts_in_its_state_directory_and_stops_a_crash_loop(rendered):
+    unit = read(rendered, "liveness", "unit.service")
+    # The record survives reboots (StateDirectory=, the service user's), and 7, the launcher's stopped
+    # crash loop, is not restarted.
+    assert directive(unit, "StateDirectory") == ["modelwake/sglang-live"]
+    assert directive(unit, "RestartPreventExitStatus") == ["2 7"]
+    assert " --state-dir /var/lib/modelwake/sglang-live --crash-loop-starts 5 --name " in exec_start(unit)
+
+
 PTRACE_CASES = {
     "noyama": (None, "auto", False),  # no Yama: the launcher reads its own user's engine
     "scope0": ("0", "auto", False),
@@ -322,7 +333,7 @@ def test_no_secret_in_units_or_output(rendered):
 
 def test_hardening_and_restart_policy(rendered):
     unit = read(rendered, "sglang", "unit.service")
-    for line in ("KillMode=control-group", "Restart=always", "RestartSec=10", "RestartPreventExitStatus=2",
+    for line in ("KillMode=control-group", "Restart=always", "RestartSec=10", "RestartPreventExitStatus=2 7",
                  "NoNewPrivileges=true",
                  "ProtectSystem=strict", "PrivateTmp=true", "User=modelwake", "Group=root", "Type=simple",
                  "CacheDirectory=modelwake/sglang-k26", "StartLimitBurst=5"):

@@ -67,9 +67,10 @@ def families(text):
 
 
 def all_families():
-    """Every family the launcher can write: a verdict with every number known, and an expected load time."""
+    """Every family the launcher can write: a verdict with every number known, an expected load time, and
+    the record of failed starts."""
     verdict = Verdict(phase="loading", msg="", bytes_read=1, fraction=0.5, eta=1.0, since=1.0)
-    return families(prometheus_text(UNIT, verdict, WALL_START, expected_load=1.0))
+    return families(prometheus_text(UNIT, verdict, WALL_START, expected_load=1.0, failed_starts=(1, 0)))
 
 
 def textfiles(tmp_path):
@@ -83,6 +84,8 @@ def textfiles(tmp_path):
         "failed": reported(tmp_path, Verdict(phase=FAILED, msg="failed: exit status 1", terminal=True, since=90.5,
                                              bytes_read=10)),
         "stopped": stopped(tmp_path),
+        "crash loop": prometheus_text(UNIT, Verdict(phase=FAILED, msg="failed", terminal=True), WALL_START,
+                                      failed_starts=(3, 1)),
     }
 
 
@@ -98,7 +101,8 @@ def test_the_textfile_keeps_prometheus_conventions_and_dates_the_phase(tmp_path)
     assert all_families() == {
         "modelwake_phase": "gauge", "modelwake_phase_start_timestamp_seconds": "gauge",
         "modelwake_read_bytes_total": "counter", "modelwake_load_ratio": "gauge",
-        "modelwake_load_eta_seconds": "gauge", "modelwake_load_expected_seconds": "gauge"}
+        "modelwake_load_eta_seconds": "gauge", "modelwake_load_expected_seconds": "gauge",
+        "modelwake_failed_starts_total": "counter", "modelwake_crash_loop": "gauge"}
     loading = texts["loading"].splitlines()
     assert 'modelwake_phase{name="%s",phase="loading"} 1' % UNIT in loading
     assert sum(1 for line in loading if line.startswith("modelwake_phase{") and line.endswith(" 1")) == 1
@@ -111,6 +115,10 @@ def test_the_textfile_keeps_prometheus_conventions_and_dates_the_phase(tmp_path)
     assert 'modelwake_phase{name="%s",phase="not_started"} 1' % UNIT in texts["stopped"]
     assert "modelwake_read_bytes_total" not in texts["stopped"]
     assert 'modelwake_phase{name="%s",phase="failed"} 1' % UNIT in texts["failed"]
+    # Without a record (no --state-dir) the failed starts are unknown, not 0.
+    assert "modelwake_failed_starts_total" not in texts["failed"]
+    assert 'modelwake_failed_starts_total{name="%s"} 3' % UNIT in texts["crash loop"].splitlines()
+    assert 'modelwake_crash_loop{name="%s"} 1' % UNIT in texts["crash loop"].splitlines()
 
 
 # -- the alert rules ------------------------------------------------------------------------------
@@ -121,7 +129,7 @@ def alert_rules():
 
 def test_the_alert_rules_pass_promtool_check_and_their_unit_tests():
     proc = promtool("check", "rules", ALERTS)
-    assert proc.returncode == 0 and "SUCCESS: 4 rules found" in proc.stdout, proc.stdout
+    assert proc.returncode == 0 and "SUCCESS: 6 rules found" in proc.stdout, proc.stdout
     proc = promtool("test", "rules", ALERT_TESTS)
     assert proc.returncode == 0 and "SUCCESS" in proc.stdout, proc.stdout
 
@@ -130,7 +138,8 @@ def test_every_alert_is_tested_firing_and_silent():
     with open(ALERT_TESTS) as handle:
         cases = [case for test in yaml.safe_load(handle)["tests"] for case in test["alert_rule_test"]]
     names = [rule["alert"] for rule in alert_rules()]
-    assert names == ["ModelStartStalled", "ModelStartFailed", "ModelLoadSlowerThanExpected", "ModelServiceRestarting"]
+    assert names == ["ModelStartStalled", "ModelStartFailed", "ModelLoadSlowerThanExpected", "ModelServiceRestarting",
+                     "ModelStartsFailingRepeatedly", "ModelCrashLoopStopped"]
     for name in names:
         outcomes = [bool(case["exp_alerts"]) for case in cases if case["alertname"] == name]
         assert True in outcomes and False in outcomes, "%s: needs a case that fires and one that does not" % name

@@ -8,6 +8,7 @@ PROPERTIES = ("ActiveState", "SubState", "MainPID", "NRestarts", "ExecMainStatus
               "Result", "StatusText", "Type", "LoadState", "InvocationID", "ControlGroup",
               "CPUUsageNSec", "IOReadBytes")
 INT_PROPERTIES = ("MainPID", "NRestarts", "ExecMainStatus", "ExecMainCode")
+CLD_EXITED = 1  # ExecMainCode of a main process that exited (ExecMainStatus is then its exit status, not a signal)
 
 
 # modelwake's Type=notify launcher as its command line shows it: the role's entry point, or

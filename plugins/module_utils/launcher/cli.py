@@ -5,6 +5,7 @@ import os
 
 from ..common.errors import ModelWakeError
 from ..readiness.config import build_config
+from .exit_codes import EXIT_CRASH_LOOP
 from .liveness import LIVENESS_CHECKS
 from .notify import watchdog_interval
 
@@ -52,6 +53,12 @@ def parse_args(argv):
                              "(default 0: off; needs WatchdogSec=)")
     parser.add_argument("--liveness-check", default="health", choices=LIVENESS_CHECKS,
                         help="what a liveness probe asks: health (GET /health 200) or completion (a real one)")
+    parser.add_argument("--state-dir", default=None,
+                        help="the unit's state directory (StateDirectory=): where the failed starts are recorded "
+                             "for crash-loop detection (default: none, no record)")
+    parser.add_argument("--crash-loop-starts", type=int, default=3,
+                        help="with --state-dir: after this many failed starts in a row with the same root cause, "
+                             "exit %d to stop the loop (default 3; 0: record only)" % EXIT_CRASH_LOOP)
     parser.add_argument("--peer", action="append", default=[], metavar="NAME=ADDRESS",
                         help="another node of a multi-node group (repeatable): a node that leaves the group is "
                              "a failure that names it, and restarts this one (the group re-forms)")
@@ -116,6 +123,8 @@ def build_launch_config(options, environ):
                              "drop --liveness-failures")
     if options.textfile and not os.path.isdir(os.path.dirname(os.path.abspath(options.textfile))):
         raise ModelWakeError("textfile: the directory of %s does not exist" % options.textfile)
+    if options.crash_loop_starts < 0:
+        raise ModelWakeError("crash-loop-starts: must be 0 (record only) or more, got %s" % options.crash_loop_starts)
     if options.expected_load_seconds is not None and not options.expected_load_seconds > 0:
         raise ModelWakeError("expected-load-seconds: must be greater than 0 (leave it out when unknown), got %s"
                              % options.expected_load_seconds)

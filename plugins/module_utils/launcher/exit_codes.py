@@ -1,4 +1,5 @@
 """The launcher's exit statuses: what the unit's Restart= and RestartPreventExitStatus= act on."""
+from ..host import failed_starts
 from ..readiness.phases import FAILED, STALLED, TIMEOUT
 
 EXIT_USAGE = 2  # bad options: nothing was started (argparse uses 2 too)
@@ -6,4 +7,7 @@ EXIT_FAILED = 3  # the engine crashed before it was ready
 EXIT_STALLED = 4  # no progress on any signal for --stall-timeout
 EXIT_TIMEOUT = 5  # still not ready at --timeout
 EXIT_ENGINE_EXITED = 6  # the engine exited after it was ready (even with status 0)
+# --crash-loop-starts failed starts in a row with one root cause: the loop is stopped (7). Defined with
+# the record (host/failed_starts.py): the wait recognises a stopped loop by it.
+EXIT_CRASH_LOOP = failed_starts.EXIT_CRASH_LOOP
 VERDICT_EXIT = {FAILED: EXIT_FAILED, STALLED: EXIT_STALLED, TIMEOUT: EXIT_TIMEOUT}

@@ -12,8 +12,9 @@ from ..readiness.probe import HostProbe
 from ..readiness.verdict import Verdict
 from ..readiness.waiter import wait_for_ready
 from .cli import build_launch_config, engine_environment
+from .crash_loop import CrashLoopGuard
 from .engine_process import EOF_WAIT, Engine
-from .exit_codes import EXIT_ENGINE_EXITED, EXIT_FAILED, EXIT_USAGE, VERDICT_EXIT
+from .exit_codes import EXIT_CRASH_LOOP, EXIT_ENGINE_EXITED, EXIT_FAILED, EXIT_USAGE, VERDICT_EXIT
 from .liveness import unresponsive_message, watchdog_liveness
 from .notify import Notifier, watchdog_interval
 from .reporter import STATUS_EVERY, Reporter
@@ -42,6 +43,9 @@ class Launcher(object):
         self.wall_clock = wall_clock
         self.engine = None
         self.stop_signal = None
+        # Off until run() has valid options (--state-dir): records nothing.
+        self.crash_loop = CrashLoopGuard(None, 0, self.log, wall_clock)
+        self.reporter = None
 
     def log(self, text):
         self.err.write(LOG_PREFIX + text + "\n")
@@ -67,11 +71,11 @@ class Launcher(object):
         if self.stop_signal is not None:
             raise StopRequested()
 
-    def _final_textfile(self, phase, msg):
-        """The last word for node_exporter when no look follows (stopped, or exited after ready)."""
+    def _final_textfile(self, phase, msg, verdict=None):
+        """The last word for node_exporter when no look follows (stopped, exited after ready, gave up)."""
         if self.options.textfile:
-            text = prometheus_text(self.options.name, Verdict(phase, msg), self.wall_clock(),
-                                   self.options.expected_load_seconds)
+            text = prometheus_text(self.options.name, verdict or Verdict(phase, msg), self.wall_clock(),
+                                   self.options.expected_load_seconds, self.crash_loop.metrics())
             error = write_textfile(self.options.textfile, text)
             if error:
                 self.log(error)
@@ -94,13 +98,15 @@ class Launcher(object):
         except ModelWakeError as exc:  # bad options, or a NOTIFY_SOCKET it cannot use
             self.log("error: %s" % exc)
             return EXIT_USAGE
+        self.crash_loop = CrashLoopGuard(options.state_dir, options.crash_loop_starts, self.log, self.wall_clock)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
         try:
             self.engine = Engine(options.command, engine_environment(self.environ), self.out)
         except OSError as exc:
-            self.log("error: command: cannot start %s: %s" % (options.command[0], exc))
-            return EXIT_FAILED
+            message = "error: command: cannot start %s: %s" % (options.command[0], exc)
+            self.log(message)
+            return self.crash_loop.failed(message, [], EXIT_FAILED)
         self.log("engine started as pid %d: %s" % (self.engine.pid, " ".join(options.command)))
         try:
             return self._watch(notifier, config.for_started_server(self.engine.pid))
@@ -118,11 +124,16 @@ class Launcher(object):
             probe = HostProbe(config, output=engine.output)
         except ModelWakeError as exc:  # the engine died before the first look
             engine.exited.wait(EOF_WAIT)
-            self.log("failed: the engine ended at once (%s): %s" % (engine.describe_exit(), exc))
-            return self._usage_or(EXIT_FAILED)
-        reporter = Reporter(notifier, self.clock, options.extend_timeout, name=options.name,
-                            textfile=options.textfile, log=self.log, wall_clock=self.wall_clock,
-                            expected_load=options.expected_load_seconds)
+            message = "failed: the engine ended at once (%s): %s" % (engine.describe_exit(), exc)
+            self.log(message)
+            code = self._failed_start(message, engines.crash_evidence(list(engine.output.tail)),
+                                      self._usage_or(EXIT_FAILED))
+            self._final_textfile(FAILED, message)
+            return code
+        reporter = self.reporter = Reporter(notifier, self.clock, options.extend_timeout, name=options.name,
+                                            textfile=options.textfile, log=self.log, wall_clock=self.wall_clock,
+                                            expected_load=options.expected_load_seconds,
+                                            failed_starts=self.crash_loop.metrics)
 
         def on_snapshot(snap, verdict):
             engine.remember_tree()
@@ -133,6 +144,7 @@ class Launcher(object):
             self.log("warning: %s" % warning)
         if result["phase"] != READY:
             return self._give_up(result)
+        self.crash_loop.reached_ready()
         engine.output.collect = False  # nobody reads the queue now; the tail stays for evidence
         return self._supervise(notifier, config)
 
@@ -142,12 +154,20 @@ class Launcher(object):
         for line in result.get("evidence") or []:
             self.log("  | " + line)
         grace = min(self.options.stop_timeout, 10)
-        code = self._usage_or(VERDICT_EXIT.get(result["phase"], EXIT_FAILED))
+        code = self._failed_start(result["msg"], result.get("evidence"),
+                                  self._usage_or(VERDICT_EXIT.get(result["phase"], EXIT_FAILED)))
+        self._final_textfile(result["phase"], result["msg"], self.reporter.verdict)
         if not engine.exited.is_set():
             self.log("stopping the engine's process group %d" % engine.pid)
         engine.stop(grace)
-        self.log("engine %s; exiting %d so that Restart= applies" % (engine.describe_exit(), code))
+        why = "" if code == EXIT_CRASH_LOOP else " so that Restart= applies"
+        self.log("engine %s; exiting %d%s" % (engine.describe_exit(), code, why))
         return code
+
+    def _failed_start(self, msg, evidence, code):
+        """The exit status for a start that failed with `code`: recorded, and EXIT_CRASH_LOOP when it makes
+        a crash loop. A usage error is never restarted anyway."""
+        return code if code == EXIT_USAGE else self.crash_loop.failed(msg, evidence, code)
 
     def _usage_or(self, code):
         """`code`, or EXIT_USAGE when the engine exited refusing its options: restarting cannot help,

@@ -13,11 +13,13 @@ def _label(value):
     return str(value).replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
 
 
-def prometheus_text(name, verdict, phase_started, expected_load=None):
+def prometheus_text(name, verdict, phase_started, expected_load=None, failed_starts=None):
     """node_exporter textfile-collector metrics for one verdict of the unit `name` (its full name,
     e.g. sglang-k26.service). phase_started: when the current phase began, wall-clock seconds since
     the epoch; expected_load: the expected load time in seconds, or None. A value still unknown
-    (no bytes read yet, no ETA) is left out rather than written as 0."""
+    (no bytes read yet, no ETA) is left out rather than written as 0. failed_starts: (failed starts
+    ever, 1 when the launcher stopped a crash loop else 0) from launcher/crash_loop.py, None when the
+    unit keeps no record."""
     labels = 'name="%s"' % _label(name)
     lines = ["# HELP modelwake_phase Start-up phase of the model server: 1 for the current one, 0 for the others.",
              "# TYPE modelwake_phase gauge"]
@@ -33,6 +35,13 @@ def prometheus_text(name, verdict, phase_started, expected_load=None):
         ("modelwake_load_expected_seconds", "gauge",
          "Expected load time in seconds (the GPU preflight's estimate or the operator's).", expected_load),
     ]
+    if failed_starts is not None:
+        families += [
+            ("modelwake_failed_starts_total", "counter",
+             "Starts that failed before ready (the launcher's record, kept across restarts).", failed_starts[0]),
+            ("modelwake_crash_loop", "gauge",
+             "1 when the launcher stopped a crash loop (the same root cause in a row), else 0.", failed_starts[1]),
+        ]
     for metric, kind, text, value in families:
         if value is not None:
             lines += ["# HELP %s %s" % (metric, text), "# TYPE %s %s" % (metric, kind),

@@ -417,6 +417,9 @@ class Classifier(object):
         verdict = self._xid_failure()
         if verdict is not None:
             return verdict
+        if cfg.unit and snap.crash_loop is not None:
+            # Before the last run's own fatal line: the loop, not its last start, is the news.
+            return self._crash_loop(snap)
         if st.fatal is not None:
             cause = engines.root_cause(st.tail, st.fatal)
             if cause[0] == st.fatal and alive and not st.fatal_waited:
@@ -628,6 +631,20 @@ class Classifier(object):
 
     def _crash_evidence(self):
         return engines.crash_evidence(self.state.tail)
+
+    def _crash_loop(self, snap):
+        """The verdict on a unit whose launcher stopped a crash loop (exit status 7), from its record."""
+        record = snap.crash_loop
+        stopped = record.get("stopped") or {}
+        if stopped.get("message"):
+            return Verdict(FAILED, "failed: %s (unit %s, exit status %s: restarting it would fail the same way)"
+                           % (stopped["message"], self.config.unit, snap.unit.get("ExecMainStatus")),
+                           evidence=list(record.get("evidence") or []) or self._crash_evidence(), terminal=True)
+        why = record.get("error") or "it names no stopped loop"
+        return Verdict(FAILED, "failed: crash loop: unit %s's launcher stopped a crash loop (exit status %s), but its "
+                       "record of failed starts says no more (%s); see its journal"
+                       % (self.config.unit, snap.unit.get("ExecMainStatus"), why),
+                       evidence=self._crash_evidence(), terminal=True)
 
     # -- phases -------------------------------------------------------------------------
     def _phase(self, t, alive, read_delta, gpu_rising, cpu_rate, http):

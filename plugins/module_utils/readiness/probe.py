@@ -2,7 +2,7 @@
 import resource
 import time
 
-from ..host import http_probe, hub_cache, infiniband, kernel_log, procfs, systemd
+from ..host import failed_starts, http_probe, hub_cache, infiniband, kernel_log, procfs, systemd
 from ..common.command import run_command
 from ..common.errors import InputError
 from ..common.units import MIB
@@ -174,7 +174,8 @@ class HostProbe(object):
                         peers=self._peer_connections(),
                         downloads=self.hub.read(processes) if processes else None,
                         ib_rcv_bytes=infiniband.received_bytes(ib_ports), ib_ports=ib_ports or None,
-                        load=procfs.load(self.proc_root), xids=xids)
+                        load=procfs.load(self.proc_root), xids=xids,
+                        crash_loop=self._crash_loop(unit))
 
     def _xids(self, root_pid):
         """The kernel's Xid lines new since the previous look, from the server's start on, each with the
@@ -203,6 +204,17 @@ class HostProbe(object):
         if start is None:
             return self.wait_start_usec
         return min(self.wait_start_usec, int(start * 1e6 / procfs.CLK_TCK))
+
+    def _crash_loop(self, unit):
+        """The record of failed starts of a unit whose launcher stopped its crash loop, else None."""
+        if (unit is None or systemd.is_running(unit) or unit.get("ExecMainStatus") != failed_starts.EXIT_CRASH_LOOP
+                or unit.get("ExecMainCode") != systemd.CLD_EXITED):
+            return None
+        directory = failed_starts.state_dir(self.config.unit)
+        try:
+            return failed_starts.read_record(directory)
+        except (OSError, ValueError) as exc:
+            return {"error": "%s: %s" % (failed_starts.record_path(directory), exc)}
 
     def _weight_files_open(self, processes, io_totals, read_bytes):
         """procfs.open_weight_files, asked only at a look where rchar grew by a MiB beyond read_bytes

@@ -43,6 +43,9 @@ class Snapshot(object):
     # parse(), with "gpu": the GPU's index by its PCI id, None when the driver could not tell; and
     # "usec": the record's time since boot); None where the kernel log was not read.
     xids: Optional[List[Dict[str, Any]]] = None
+    # Unit mode, a unit whose launcher stopped a crash loop (exit status EXIT_CRASH_LOOP): its record of
+    # failed starts (host/failed_starts.py), or {"error": why it could not be read}; else None.
+    crash_loop: Optional[Dict[str, Any]] = None
 
     def to_dict(self):
         return dataclasses.asdict(self)

@@ -1,0 +1,189 @@
+"""Crash loops on a real systemd guest: deploy-k26.yml deploys the simulated engine under the launcher
+(Restart=always, RestartSec=1), then its starts fail, with the error each start takes from a queue on
+the guest (a small wrapper pops one line per start: no redeploy between starts).
+
+The same error three times: the launcher exits 7, RestartPreventExitStatus= leaves the unit failed,
+the journal and /var/lib/modelwake/<unit>/failed-starts.json name the loop, the textfile counts the
+failed starts, and playbooks/status.yml and `python -m modelwake_runner status` say "crash loop: 3
+failed starts in ..., each AttributeError: ..., stopped". Then, started again: one error twice and
+another three times: the other error starts the count again, so the loop is stopped only at the fifth
+start, on the second error. The guest is destroyed afterwards, also when a test fails.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from tests.helpers import ANSIBLE_PLAYBOOK as PLAYBOOK, ROOT, TESTHOSTS, VENV_BIN, until
+from tests.helpers.guesthost import guest_vars, host_tool
+
+PYTHON = os.path.join(VENV_BIN, "python")
+GUEST = "mwc-%d" % (os.getpid() % 100000)
+UNIT = "sglang-mwc"
+STATE = "/var/lib/modelwake/%s/failed-starts.json" % UNIT
+TEXTFILE_DIR = "/var/lib/mwc-textfile"
+# The wrapper's queue: in the unit's CacheDirectory=, which the service user may write.
+QUEUE = "/var/cache/modelwake/%s/faults" % UNIT
+WRAPPER = "/usr/local/bin/mwc-engine"
+# The fault of each start: the queue's first line, popped while more than one remain (the last one stays).
+WRAPPER_SCRIPT = """#!/bin/sh
+queue=$1
+shift
+fault=""
+if [ -s "$queue" ]; then
+    fault=$(head -n 1 "$queue")
+    if [ "$(wc -l < "$queue")" -gt 1 ]; then
+        sed -i 1d "$queue"
+    fi
+fi
+exec "$@" $fault
+"""
+FAST = ["--disable-cuda-graph", "--load-rate-mib", "64", "--start-seconds", "1", "--init-seconds", "1",
+        "--warmup-seconds", "1"]
+STARTING = "--fault crash1:starting"  # AttributeError: type object 'CompressionFormat' has no attribute ...
+LOADING = "--fault crash1:loading"  # torch.OutOfMemoryError: CUDA out of memory. ...
+ATTRIBUTE = "AttributeError: type object 'CompressionFormat' has no attribute 'nvfp4_pack_quantized'"
+OOM = "torch.OutOfMemoryError: CUDA out of memory."
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("systemd-nspawn") is None,
+                       reason="test hosts need root and systemd-nspawn (make system-deps)"),
+]
+
+
+def on_guest(command, check=True, stdin=None):
+    proc = subprocess.run([TESTHOSTS, "ssh", GUEST, command], input=stdin, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
+    if check and proc.returncode != 0:
+        raise AssertionError("%s failed on the guest: %s %s" % (command, proc.stdout, proc.stderr))
+    return proc.stdout.strip()
+
+
+def unit_state():
+    out = on_guest("systemctl show %s -p ActiveState,SubState,ExecMainStatus,NRestarts,Result" % UNIT)
+    return dict(line.split("=", 1) for line in out.splitlines())
+
+
+def record():
+    return json.loads(on_guest("cat %s" % STATE))
+
+
+def metric(name):
+    text = on_guest("cat %s/%s.prom" % (TEXTFILE_DIR, UNIT))
+    match = re.search(r'^%s\{name="%s\.service"\} (\S+)$' % (name, UNIT), text, re.M)
+    assert match, text
+    return float(match.group(1))
+
+
+def start_failing(faults):
+    """Queue one fault per start (the last one for every start after), then start the unit again
+    without waiting for it; returns when the unit is failed, with the journal of these starts."""
+    on_guest("cat > %s && chmod 0644 %s" % (QUEUE, QUEUE), stdin="".join(fault + "\n" for fault in faults))
+    cursor = on_guest("journalctl -n 0 --show-cursor -o cat | sed -n 's/^-- cursor: //p'")
+    on_guest("systemctl restart --no-block %s" % UNIT)
+    until("the unit failed", lambda: unit_state()["ActiveState"] == "failed", timeout=180)
+    return on_guest("journalctl -u %s -o cat --after-cursor '%s'" % (UNIT, cursor))
+
+
+def play(tmp, playbook, *args):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run([PLAYBOOK, "-i", str(tmp / "inventory.json"), os.path.join(ROOT, playbook)] + list(args),
+                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True, timeout=900)
+    return proc.returncode, proc.stdout
+
+
+def runner_status(tmp):
+    """`python -m modelwake_runner status`: (rc, its JSON objects)."""
+    argv = [PYTHON, "-m", "modelwake_runner", "status", "-i", str(tmp / "inventory.json"),
+            "--artifacts", str(tmp / ("runner-%d" % time.monotonic_ns()))]
+    proc = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                          timeout=600)
+    return proc.returncode, [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def guest(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mwc")
+    host_tool("up", GUEST)
+    try:
+        host_tool("install-fake-gpus", GUEST)
+        on_guest("cat > %s && chmod 0755 %s" % (WRAPPER, WRAPPER), stdin=WRAPPER_SCRIPT)
+        inventory = {"all": {
+            "children": {"model_hosts": {"hosts": {GUEST: {"ansible_host": host_tool("addr", GUEST)}}}},
+            "vars": dict(guest_vars(host_tool("key")), **{
+                "modelwake_deploy_model": "mwc",
+                "modelwake_host_models": ["mwc"],
+                "modelwake_gpus_required": True,
+                "modelwake_demo_model_size_mib": 32,
+                "modelwake_demo_model_shards": 4,
+                "modelwake_textfile_dir": TEXTFILE_DIR,
+                "modelwake_models": {"mwc": {
+                    "engine": "sglang", "engine_package": "modelwake-sim", "engine_version": "0.1.0",
+                    "unit": UNIT, "port": 30007, "model_path": "/srv/models/mwc-sim", "tp": 1, "gpus": [0],
+                    "extra_args": FAST, "ready_timeout": 300, "stall_timeout": 60}},
+                # Fast restarts, and a start limit no test reaches: only the launcher ends these loops.
+                "model_service_restart_sec": 1,
+                "model_service_start_limit_burst": 100,
+                # The simulator behind the wrapper that gives each start its fault.
+                "model_service_engine_command": "{{ ['%s', '%s', model_service_venv ~ '/bin/python', '-m', "
+                                                "'modelwake_sim', 'serve', '--engine', model_service_engine] }}"
+                                                % (WRAPPER, QUEUE),
+            })}}
+        (tmp / "inventory.json").write_text(json.dumps(inventory))
+        rc, out = play(tmp, "playbooks/demo-model.yml")
+        assert rc == 0, out[-5000:]
+        rc, out = play(tmp, "deploy-k26.yml")
+        assert rc == 0, out[-5000:]
+        assert unit_state()["ActiveState"] == "active"
+        yield tmp
+    finally:
+        host_tool("down", GUEST, check=False)
+
+
+def test_the_same_error_three_times_stops_the_loop_and_every_look_names_it(guest):
+    # The deploy's start reached ready: a record with nothing failed, owned by the service user.
+    assert on_guest("stat -c '%%U' %s" % STATE) == "modelwake"
+    assert record()["failed_starts_total"] == 0
+    journal = start_failing([STARTING])
+    state = unit_state()
+    assert (state["ExecMainStatus"], state["Result"], state["NRestarts"]) == ("7", "exit-code", "2"), (state, journal)
+    said = [line for line in journal.splitlines() if line.startswith("modelwake: crash loop: ")]
+    assert len(said) == 1 and re.match(r"modelwake: crash loop: 3 failed starts in \w+, each %s, stopped$"
+                                       % re.escape(ATTRIBUTE), said[0]), journal
+    kept = record()
+    assert kept["consecutive"] == 3 and kept["stopped"]["message"] == said[0][len("modelwake: "):]
+    assert ATTRIBUTE in kept["evidence"]
+    assert (metric("modelwake_failed_starts_total"), metric("modelwake_crash_loop")) == (3, 1)
+    # The status playbook's table, and the runner's verdict with the recorded evidence.
+    rc, out = play(guest, "playbooks/status.yml")
+    # The table's row, as Ansible's output wraps it.
+    row = r"\s+".join([GUEST, UNIT, "failed", "failed:", "crash", "loop:", "3", "failed", "starts", "in"])
+    assert rc == 0 and re.search(row, out), out
+    rc, objects = runner_status(guest)
+    verdict, = objects[-1]["verdicts"]
+    assert rc == 1 and verdict["phase"] == "failed", objects[-1]
+    assert verdict["msg"].startswith("failed: %s (unit %s" % (kept["stopped"]["message"], UNIT)), verdict
+    assert "exit status 7" in verdict["msg"], verdict
+    assert ATTRIBUTE in verdict["evidence"]
+
+
+def test_another_error_starts_the_count_again(guest):
+    # Started again after the stop: a new run. The first error twice, then another one: 1, 2, then 1, 2, 3.
+    journal = start_failing([STARTING, STARTING, LOADING])
+    assert unit_state()["ExecMainStatus"] == "7", journal
+    assert len(re.findall(r"modelwake: engine started as pid \d+", journal)) == 5, journal
+    counts = re.findall(r"modelwake: failed start (\d) of 3 in a row", journal)
+    assert counts == ["1", "2", "1", "2"], journal
+    kept = record()
+    causes = [start["cause"] for start in kept["starts"][-5:]]
+    assert [ATTRIBUTE in cause for cause in causes] == [True, True, False, False, False], causes
+    assert all(cause.startswith(OOM) for cause in causes[2:]), causes
+    assert kept["consecutive"] == 3 and kept["stopped"]["message"].startswith("crash loop: 3 failed starts in ")
+    assert ", each %s" % OOM in kept["stopped"]["message"]
+    assert (metric("modelwake_failed_starts_total"), metric("modelwake_crash_loop")) == (8, 1)
