@@ -6,4 +6,5 @@ EXIT_FAILED = 3  # the engine crashed before it was ready
 EXIT_STALLED = 4  # no progress on any signal for --stall-timeout
 EXIT_TIMEOUT = 5  # still not ready at --timeout
 EXIT_ENGINE_EXITED = 6  # the engine exited after it was ready (even with status 0)
+EXIT_HELD = 8  # one of 3-6, on a unit under a maintenance hold: not restarted (launcher/hold.py)
 VERDICT_EXIT = {FAILED: EXIT_FAILED, STALLED: EXIT_STALLED, TIMEOUT: EXIT_TIMEOUT}
