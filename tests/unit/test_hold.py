@@ -3,6 +3,7 @@ a real launcher run whose engine crashes on a held unit, which must end with the
 RestartPreventExitStatus= lists, so that Restart= leaves the unit alone while a person works on it."""
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -14,10 +15,13 @@ from ansible_collections.modelwake.serving.plugins.module_utils.launcher.exit_co
     EXIT_ENGINE_EXITED, EXIT_FAILED, EXIT_HELD, EXIT_STALLED, EXIT_TIMEOUT, EXIT_USAGE)
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.hold import exit_status_when_held
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.supervisor import Launcher
+from ansible_collections.modelwake.serving.plugins.modules import wait_for_model_ready
 
 from tests.helpers import ROOT
+from tests.helpers.modules import AnsibleExitJson, call_main, patch_exits
 from tests.unit.test_launcher import receiver  # noqa: F401 (a fixture: the test's own notify socket)
 from tests.unit.test_launcher_liveness import Err
+from tests.unit.test_module import SERVER
 
 UNIT = "sglang-k26.service"
 HOLD = {"unit": UNIT, "by": "alice", "since": "2026-12-04T23:30:00Z", "reason": "reseat the NVLink bridge"}
@@ -124,3 +128,21 @@ def test_a_launcher_whose_engine_crashes_on_a_held_unit_exits_held(tmp_path, rec
     text = "".join(errors)
     assert "failed:" in text
     assert ("held by alice since 2026-12-04T23:30:00Z: reseat the NVLink bridge: not restarting" in text) == held
+
+
+def test_a_look_reports_the_units_hold_and_nothing_else_changes(monkeypatch, tmp_path):
+    """wait_for_model_ready's look (status.yml, python -m modelwake_runner status) carries the hold."""
+    patch_exits(monkeypatch)
+    proc = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, universal_newlines=True)
+    try:
+        args = {"url": "http://127.0.0.1:%d" % int(proc.stdout.readline()), "pid": proc.pid, "timeout": 0,
+                "ready_check": "health", "hold_file": os.path.join(str(tmp_path), "sglang-k26.json")}
+        free = call_main(wait_for_model_ready.main, args, AnsibleExitJson)
+        write_hold(tmp_path)
+        held = call_main(wait_for_model_ready.main, args, AnsibleExitJson)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert free["hold"] is None and free["phase"] == "ready"
+    assert held["hold"] == {"by": "alice", "since": "2026-12-04T23:30:00Z", "reason": "reseat the NVLink bridge"}
+    assert held["phase"] == "ready" and held["msg"] == free["msg"]
