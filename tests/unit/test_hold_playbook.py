@@ -14,6 +14,7 @@ import pytest
 from ansible_collections.modelwake.serving.plugins.module_utils.host.hold import read_hold
 
 from tests.helpers import ANSIBLE_PLAYBOOK, ROOT
+from tests.unit.test_model_service_render import make_model
 from tests.unit.test_monitoring import promtool
 
 UNIT = "sglang-holdtest"
@@ -101,3 +102,40 @@ def test_a_release_removes_the_flag_and_the_metric(box):
     assert "%s.service: released (was held by alice since " % UNIT in said(proc)
     again = play(box, "hold.yml", "modelwake_hold=false")
     assert again.returncode == 0 and recap(again)["changed"] == 0 and "%s.service: not held" % UNIT in said(again)
+
+
+ROLE_PLAY = """
+- name: The model_service role on a held unit
+  hosts: all
+  connection: local
+  gather_facts: false
+  roles:
+    - role: model_service
+"""
+
+
+def test_the_roles_main_entry_point_ends_at_a_held_unit(tmp_path):
+    """What rolling-restart.yml and a playbook of one's own run: the role's input checks, then nothing
+    (no service user, no files, no restart, no start) for a held unit."""
+    model = str(tmp_path / "k26")
+    make_model(model)
+    hold_dir = tmp_path / "hold"
+    hold_dir.mkdir()
+    (hold_dir / "sglang-held.json").write_text(json.dumps({"unit": "sglang-held.service", "by": "bob",
+                                                           "since": "2026-12-04T23:30:00Z", "reason": "BIOS update"}))
+    inventory = {"all": {"hosts": {"box": {"ansible_python_interpreter": sys.executable,
+                                           "model_service_unit": "sglang-held", "model_service_model_path": model,
+                                           "model_service_hold_dir": str(hold_dir),
+                                           "model_service_force_restart": True}}}}
+    (tmp_path / "inventory.json").write_text(json.dumps(inventory))
+    (tmp_path / "play.yml").write_text(ROLE_PLAY)
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    proc = subprocess.run([ANSIBLE_PLAYBOOK, "-i", str(tmp_path / "inventory.json"), str(tmp_path / "play.yml")],
+                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout
+    assert recap(proc)["changed"] == 0, proc.stdout
+    assert "sglang-held.service is held by bob since 2026-12-04T23:30:00Z: BIOS update; left alone" in said(proc)
+    tasks = re.findall(r"^TASK \[model_service : ([^\]]+)\]", proc.stdout, re.M)
+    assert tasks[-1] == "Leave a held unit alone", tasks
+    assert "Create the service user" not in tasks and "Request a restart the operator asked for" not in tasks
