@@ -167,6 +167,11 @@ options:
     description:
       - The group's dist-init port (the port of SGLang's C(--dist-init-addr)). Required with I(peers).
     type: int
+  hold_file:
+    description:
+      - The unit's maintenance hold (C(/etc/modelwake/hold/<unit>.json), written by C(playbooks/hold.yml)).
+        The look reports it as I(hold); it changes nothing in the wait or its verdict.
+    type: path
   _follow:
     description:
       - Internal; set only by this module's action plugin, which prints progress while it waits. The
@@ -349,6 +354,13 @@ cost:
   returned: when followed
   type: dict
   sample: {"startup_cpu_s": 0.21, "looks": 25, "looks_cpu_s": 0.09, "gpu_read_cpu_s": 0.002, "programs_cpu_s": 0.0}
+hold:
+  description:
+    - Who holds the unit under a maintenance hold, since when (UTC) and why, read from I(hold_file);
+      null when it is not held. Only in a wait that runs inline (a look with I(timeout=0), or without live progress).
+  returned: when hold_file is given
+  type: dict
+  sample: {"by": "alice", "since": "2026-12-04T23:30:00Z", "reason": "reseat NVLink bridge"}
 stacks_unavailable:
   description: Why the latest read of the stacks got none (py-spy not installed, not permitted), or empty.
   returned: always
@@ -371,6 +383,7 @@ source:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.config import build_config
 from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import ModelWakeError
+from ansible_collections.modelwake.serving.plugins.module_utils.host.hold import read_hold
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.probe import HostProbe
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness import follow
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.waiter import wait_for_ready
@@ -397,6 +410,7 @@ ARGUMENT_SPEC = dict(
     peers=dict(type="list", elements="dict", options=dict(name=dict(type="str", required=True),
                                                           address=dict(type="str", required=True))),
     peer_port=dict(type="int"),
+    hold_file=dict(type="path"),
 )
 
 # Set only by the action plugin of the same name (plugins/action/wait_for_model_ready.py), which
@@ -431,6 +445,9 @@ def main():
     # Through warn(): passing `warnings` to exit_json is deprecated in ansible-core 2.19.
     for warning in result.pop("warnings", []):
         module.warn(warning)
+    if module.params["hold_file"]:
+        hold = read_hold(module.params["hold_file"])
+        result["hold"] = hold.as_dict() if hold is not None else None
     failed = result.pop("failed")
     if failed:
         module.fail_json(changed=False, **result)

@@ -4,6 +4,7 @@ import argparse
 import os
 
 from ..common.errors import ModelWakeError
+from ..host.hold import HOLD_DIR
 from ..readiness.config import build_config
 from .exit_codes import EXIT_CRASH_LOOP
 from .liveness import LIVENESS_CHECKS
@@ -63,6 +64,11 @@ def parse_args(argv):
                         help="another node of a multi-node group (repeatable): a node that leaves the group is "
                              "a failure that names it, and restarts this one (the group re-forms)")
     parser.add_argument("--peer-port", type=int, default=None, help="the group's dist-init port (with --peer)")
+    parser.add_argument("--hold-dir", default=HOLD_DIR,
+                        help="where the maintenance holds are (playbooks/hold.yml; default %(default)s): while "
+                             "<dir>/<unit>.json exists (the unit from --name), a failed, stalled or exited engine ends "
+                             "the launcher with status 8 (RestartPreventExitStatus=) instead of one Restart= acts on; "
+                             "'' turns it off")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the engine command and its arguments")
     options = parser.parse_args(argv)
     command = options.command[1:] if options.command[:1] == ["--"] else options.command

@@ -10,4 +10,5 @@ EXIT_ENGINE_EXITED = 6  # the engine exited after it was ready (even with status
 # --crash-loop-starts failed starts in a row with one root cause: the loop is stopped (7). Defined with
 # the record (host/failed_starts.py): the wait recognises a stopped loop by it.
 EXIT_CRASH_LOOP = failed_starts.EXIT_CRASH_LOOP
+EXIT_HELD = 8  # one of 3-6, on a unit under a maintenance hold: not restarted (launcher/hold.py)
 VERDICT_EXIT = {FAILED: EXIT_FAILED, STALLED: EXIT_STALLED, TIMEOUT: EXIT_TIMEOUT}

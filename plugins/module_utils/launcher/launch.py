@@ -20,7 +20,8 @@ forwarded. The API key is read from the environment (EnvironmentFile=), never fr
 This is the entry point (`modelwake-launch`, `python -m modelwake launch`); the parts live beside it:
 cli (options and environment), engine_process (the child, its pipe and its stop), reporter (what
 systemd hears) and textfile (Prometheus), liveness (after ready), crash_loop (failed starts counted across
-restarts, a loop stopped with EXIT_CRASH_LOOP), exit_codes, and supervisor (the run).
+restarts, a loop stopped with EXIT_CRASH_LOOP), hold (a held unit is not restarted), exit_codes, and
+supervisor (the run).
 """
 import sys
 

@@ -15,6 +15,7 @@ from .cli import build_launch_config, engine_environment
 from .crash_loop import CrashLoopGuard
 from .engine_process import EOF_WAIT, Engine
 from .exit_codes import EXIT_CRASH_LOOP, EXIT_ENGINE_EXITED, EXIT_FAILED, EXIT_USAGE, VERDICT_EXIT
+from .hold import exit_status_when_held
 from .liveness import unresponsive_message, watchdog_liveness
 from .notify import Notifier, watchdog_interval
 from .reporter import STATUS_EVERY, Reporter
@@ -109,7 +110,9 @@ class Launcher(object):
             return self.crash_loop.failed(message, [], EXIT_FAILED)
         self.log("engine started as pid %d: %s" % (self.engine.pid, " ".join(options.command)))
         try:
-            return self._watch(notifier, config.for_started_server(self.engine.pid))
+            code = self._watch(notifier, config.for_started_server(self.engine.pid))
+            # A unit under a maintenance hold is not restarted by Restart= (launcher/hold.py).
+            return exit_status_when_held(options.hold_dir, options.name, code, self.log)
         except StopRequested:
             return self._stop(notifier)
         finally:
