@@ -285,7 +285,7 @@ def test_a_launcher_unit_records_its_failed_starts_in_its_state_directory_and_st
     # The record survives reboots (StateDirectory=, the service user's), and 7, the launcher's stopped
     # crash loop, is not restarted.
     assert directive(unit, "StateDirectory") == ["modelwake/sglang-live"]
-    assert directive(unit, "RestartPreventExitStatus") == ["2 7"]
+    assert directive(unit, "RestartPreventExitStatus") == ["2 7 8"]
     assert " --state-dir /var/lib/modelwake/sglang-live --crash-loop-starts 5 --name " in exec_start(unit)
 
 
@@ -333,7 +333,7 @@ def test_no_secret_in_units_or_output(rendered):
 
 def test_hardening_and_restart_policy(rendered):
     unit = read(rendered, "sglang", "unit.service")
-    for line in ("KillMode=control-group", "Restart=always", "RestartSec=10", "RestartPreventExitStatus=2 7",
+    for line in ("KillMode=control-group", "Restart=always", "RestartSec=10", "RestartPreventExitStatus=2",
                  "NoNewPrivileges=true",
                  "ProtectSystem=strict", "PrivateTmp=true", "User=modelwake", "Group=root", "Type=simple",
                  "CacheDirectory=modelwake/sglang-k26", "StartLimitBurst=5"):
