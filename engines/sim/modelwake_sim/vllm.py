@@ -6,7 +6,7 @@ import signal
 import threading
 import time
 
-from . import engine, logs, ranks
+from . import engine, logs, ranks, work
 
 DESC = "Loading safetensors checkpoint shards"
 SITE = engine.SITE
@@ -164,6 +164,7 @@ class VLLMServer(engine.ApiServer):
 
         signal.signal(signal.SIGTERM, on_sigterm)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        work.keep_serving_on_sigterm(opts)
 
         def read_workers():
             buf = b""
