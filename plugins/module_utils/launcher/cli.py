@@ -37,7 +37,8 @@ def parse_args(argv):
                         help="seconds each EXTEND_TIMEOUT_USEC grants; the unit's TimeoutStartSec should equal it "
                              "(default: stall timeout + 2 polls + 30)")
     parser.add_argument("--stop-timeout", type=float, default=30,
-                        help="seconds the engine gets after SIGTERM before SIGKILL (keep below TimeoutStopSec)")
+                        help="seconds the engine gets after SIGTERM before SIGKILL, its drain included (keep "
+                             "below TimeoutStopSec); after ready the requests in flight are followed meanwhile")
     parser.add_argument("--name", default="model",
                         help="the unit's full name (sglang-k26.service): the `name` label of the Prometheus "
                              "textfile, as node_exporter's systemd collector labels units")
@@ -51,7 +52,9 @@ def parse_args(argv):
                              "failed probes in a row, so that the unit's WatchdogSec= restarts a hung engine "
                              "(default 0: off; needs WatchdogSec=)")
     parser.add_argument("--liveness-check", default="health", choices=LIVENESS_CHECKS,
-                        help="what a liveness probe asks: health (GET /health 200) or completion (a real one)")
+                        help="what a liveness probe asks: health (GET /health 200), completion (a real one) or "
+                             "work (the engine's /metrics: tokens processed while requests are in flight, a "
+                             "1-token completion when idle, /health when /metrics cannot be read)")
     parser.add_argument("--peer", action="append", default=[], metavar="NAME=ADDRESS",
                         help="another node of a multi-node group (repeatable): a node that leaves the group is "
                              "a failure that names it, and restarts this one (the group re-forms)")
