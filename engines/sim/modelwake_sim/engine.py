@@ -116,6 +116,16 @@ class ApiServer:
         self.served_tokens += len(tokens)
         return tokens, finish
 
+    def next_event(self):
+        """The tree's next event, awaited in short slices: a SIGTERM that the kernel hands to
+        another thread runs its Python handler only once the main thread executes again, and a
+        drain must begin at once, not at the next event."""
+        while True:
+            try:
+                return self.events.get(timeout=0.2)
+            except queue.Empty:
+                continue
+
     def _tell_rank0(self, msg):
         with self.request_lock:
             try:

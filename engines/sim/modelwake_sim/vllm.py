@@ -35,7 +35,7 @@ class VLLMServer(engine.ApiServer):
         core = self._fork(self._engine_core)
         self._after_fork()
         while True:
-            event = self.events.get()
+            event = self.next_event()
             kind = event.get("ev")
             if kind == "engine_ready":
                 self._open_port()
