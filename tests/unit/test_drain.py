@@ -15,16 +15,9 @@ from ansible_collections.modelwake.serving.plugins.module_utils.launcher.cli imp
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.drain import DrainAccount, drain
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.engine_process import Engine
 
-from tests.helpers.http_server import Server
+from tests.unit.test_launcher_liveness import server  # noqa: F401 (a fixture: a scriptable loopback server)
 
 METRICS = ("GET", "/metrics")
-
-
-@pytest.fixture
-def server():
-    srv = Server()
-    yield srv
-    srv.close()
 
 
 def in_flight(running, waiting=0):
