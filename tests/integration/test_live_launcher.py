@@ -115,4 +115,4 @@ def test_a_stop_during_requests_drains_them_and_counts_the_cut_one(launch):
                      r"\(exit status 0\)", err), err
     # The client side agrees: two answers, and the long one's connection closed without one.
     assert len(answers) == 3 and answers.count(200) == 2, answers
-    assert "Waiting for connections to close." in run.stdout()
+    assert "[shutdown] API server: stopping engine client mode=drain timeout=3s" in run.stdout()

@@ -83,7 +83,7 @@ def test_vllm_drains_on_sigterm_with_its_shutdown_timeout(model_dir, start_sim):
     short.join(5)
     long_one.join(5)
     assert answers[0] == 200 and len(answers) == 2 and answers[1] != 200  # the long one was cut
-    assert "Waiting for connections to close." in sim.log()
+    assert "[shutdown] API server: stopping engine client mode=drain timeout=2s" in sim.log()
 
 def test_without_a_shutdown_timeout_sigterm_ends_requests_at_once(model_dir, start_sim):
     sim = start_sim("vllm", model_dir, "--token-seconds", "0.02")

@@ -7,10 +7,13 @@ sglang:prompt_tokens_total, sglang:generation_tokens_total), counted as rank 0 w
 counters move at every decode step, not only when a request ends. modelwake_sim_generation_tokens_total
 (tokens of finished requests) stays.
 
---shutdown-timeout N (vLLM's option, PR #36666; with --engine sglang a stand-in of the simulator's
-own, SGLang has none): on SIGTERM after ready the API process refuses new requests (503, /health
-503), lets those in flight finish for up to N s, then exits. The ranks keep generating meanwhile
-(a SIGTERM of their own, from systemd's sweep of the cgroup, does not end them early).
+--shutdown-timeout N (vLLM's option, PR #36666, in 0.32.0's arg_utils.py: "0 = abort, >0 = wait";
+with --engine sglang a stand-in of the simulator's own, SGLang has none): on SIGTERM after ready the
+API process refuses new requests (503), lets those in flight finish for up to N s while it still
+serves /metrics, then exits, logging vLLM's own `[shutdown] API server: ...` lines. /health answers
+503 meanwhile: the simulator's choice, what vLLM's /health says during a drain is not pinned down.
+The ranks keep generating (a SIGTERM of their own, from systemd's sweep of the cgroup, does not end
+them early).
 
 --slow-health S: while requests are in flight /health answers only after S s (an API loop starved
 by a busy engine): the case where /health is a poor liveness signal.
@@ -109,9 +112,20 @@ def slow_health(app):
 def drain(app):
     """SIGTERM after ready with --shutdown-timeout: refuse new requests, wait for those in flight."""
     app.state = "draining"
-    app.log.uvicorn("Shutting down")
-    app.log.uvicorn("Waiting for connections to close. (CTRL+C to force quit)")
-    deadline = time.monotonic() + app.opts.shutdown_timeout
+    timeout = app.opts.shutdown_timeout
+    if app.engine == "vllm":
+        # vllm/entrypoints/launchers/launcher.py (0.32.0): the HTTP server serves on while the engine drains.
+        app.log.info("[shutdown] API server: shutdown triggered", "launcher.py:101")
+        app.log.info("[shutdown] API server: stopping engine client mode=drain timeout=%ss" % format(timeout, "g"),
+                     "launcher.py:113")
+    else:
+        app.log.uvicorn("Shutting down")
+        app.log.uvicorn("Waiting for connections to close. (CTRL+C to force quit)")
+    deadline = time.monotonic() + timeout
     while app.in_flight() and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(SHUTDOWN_PAUSE)
+    if app.engine == "vllm":
+        app.log.info("[shutdown] API server: engine client stopped", "launcher.py:119")
+        app.log.info("[shutdown] API server: signalling HTTP server shutdown", "launcher.py:122")
+        app.log.uvicorn("Shutting down")
