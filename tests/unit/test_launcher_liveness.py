@@ -7,6 +7,7 @@ watchdog periods passed at once (no real sleeping). Also the launcher's other ex
 verdict: an engine gone before the first look, and one that exits after ready.
 """
 import os
+import re
 import signal
 import sys
 import threading
@@ -395,3 +396,36 @@ def test_the_work_check_is_chosen_on_the_command_line_and_fits_the_ping(server):
     assert time.monotonic() - started < 2
     assert liveness.last_failure == ("/metrics timeout (no answer in 0.5 s), /health decides: "
                                      "/health timeout (no answer in 0.5 s)")
+
+
+def test_the_supervising_loop_with_the_work_check_says_its_evidence_and_stops_on_no_work(server, receiver):
+    """WatchdogSec=30 s: each period the loop reads /metrics. Tokens move for two periods (STATUS= says
+    so), then three requests make no token: with --liveness-failures 2 the pings stop, the verdict in
+    numbers, although /health answers 200 all along."""
+    environ = {"NOTIFY_SOCKET": receiver.address, "WATCHDOG_USEC": "30000000"}
+    options = parse_args(["--url", server.url, "--engine", "vllm", "--liveness-failures", "2",
+                          "--liveness-check", "work", "--", "true"])
+    launcher = Launcher(options, environ=environ, err=Err([]))
+    script = {1: metrics(3, 1500), 2: metrics(3, 2000)}
+
+    def on_period(n):
+        receiver.drain(n)
+        if n in script:
+            server.routes[("GET", "/metrics")] = script[n]
+        if n == 6:
+            launcher.stop_signal = signal.SIGTERM
+
+    server.routes[HEALTH] = (200, b"")
+    server.routes[("GET", "/metrics")] = metrics(3, 1000)
+    launcher.engine = QuietEngine(on_period)
+    with pytest.raises(StopRequested):
+        launcher._supervise(Notifier(environ), build_launch_config(options, environ))
+    statuses = receiver.values("STATUS")
+    assert statuses[0] == "ready: serving: 3 requests in flight (3 running, 0 waiting), first look at its token counters"
+    assert re.match(r"ready: serving: 500 tokens in the last \d+ s, 3 requests in flight", statuses[1]), statuses
+    assert re.match(r"stalled: the engine stopped answering after it was ready \(3 requests in flight \(3 running, "
+                    r"0 waiting\), no token processed in \d+ s, 2 times in a row, every 15 s\)", statuses[-1]), statuses
+    # Pings in periods 1-3 (the third look saw 500 more tokens) and 4 (the first look without work is
+    # forgiven), none once the counters stood still twice in a row.
+    assert receiver.times("WATCHDOG") == [1, 2, 3, 4]
+    assert not [seen for seen in server.seen if seen["path"] == "/health"]  # /health never decided
