@@ -180,7 +180,7 @@ def test_vllm_exec_start_and_env_file(rendered):
     unit = read(rendered, "vllm", "unit.service")
     assert exec_start(unit) == (
         "ExecStart=%s/bin/python -m vllm.entrypoints.openai.api_server --model %s --served-model-name kimi-k2.6 "
-        "--host :: --port 30001 --tensor-parallel-size 2" % (VENV, rendered["k26"]))
+        "--host :: --port 30001 --tensor-parallel-size 2 --shutdown-timeout 30" % (VENV, rendered["k26"]))
     env_path = os.path.join(str(rendered["root"]), "vllm", "etc", "vllm-k26.env")
     env = read(rendered, "vllm", "etc/vllm-k26.env")
     assert 'VLLM_API_KEY="%s"' % SECRET in env.splitlines()
@@ -225,10 +225,10 @@ def test_launcher_makes_a_notify_unit_and_words_are_quoted_for_systemd(rendered)
     assert exec_start(unit) == (
         'ExecStart={venv}/bin/python /opt/modelwake/lib/modelwake-launch --url http://127.0.0.1:30001 --engine vllm '
         '--model {k26} --model-path {k26} --ready-check completion --timeout 3600 --stall-timeout 600 '
-        '--poll-interval 5 --extend-timeout 640 --stop-timeout 110 '
+        '--poll-interval 5 --extend-timeout 640 --stop-timeout 140 '
         '--state-dir /var/lib/modelwake/vllm-notify --crash-loop-starts 3 --name vllm-notify.service -- '
         '{venv}/bin/python -m vllm.entrypoints.openai.api_server '
-        '--model {k26} --host 127.0.0.1 --port 30001 --tensor-parallel-size 1 '
+        '--model {k26} --host 127.0.0.1 --port 30001 --tensor-parallel-size 1 --shutdown-timeout 30 '
         '--note "50%% of $$HOME \\"q\\"" --x %%h'.format(venv=VENV, k26=rendered["k26"]))
     assert "LimitMEMLOCK=infinity" in unit.splitlines()
     # The start timeout is the launcher's stall budget (stall 600 s + 2 polls + 30 s), renewed on progress.
@@ -270,6 +270,18 @@ def test_the_preflights_expected_load_is_written_again_only_when_it_moved_by_a_q
             written.append(handle.read().splitlines()[-1])
     assert written == ['modelwake_load_expected_seconds{name="sglang-k26.service"} %d' % n
                        for n in (1000, 1000, 700)]
+
+
+def test_a_stop_gives_the_requests_in_flight_their_drain_before_the_kill(rendered):
+    """model_service_drain_seconds (30 by default) on top of the stop time: vLLM drains with
+    --shutdown-timeout, SGLang has no such option; systemd and the launcher wait that much longer."""
+    vllm = read(rendered, "notify", "unit.service")
+    assert directive(vllm, "TimeoutStopSec") == ["150"]
+    # The launcher's SIGKILL comes 10 s before systemd's, after the drain too.
+    assert " --stop-timeout 140 " in exec_start(vllm)
+    sglang = read(rendered, "liveness", "unit.service")
+    assert directive(sglang, "TimeoutStopSec") == ["150"]
+    assert "--shutdown-timeout" not in exec_start(sglang)
 
 
 def test_liveness_adds_the_launcher_options_under_a_watchdog(rendered):

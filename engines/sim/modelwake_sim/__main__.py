@@ -3,7 +3,7 @@ import argparse
 import os
 import sys
 
-from . import __version__, faults, hub, model, nodes
+from . import __version__, faults, hub, model, nodes, work
 
 # Defaults scaled from the K2.6 start (548 GB at ~575 MiB/s = ~16 min of reading, then ~10 min of
 # silent JIT, then a short warm-up) down to ~75 s for the default 2 GiB model.
@@ -132,6 +132,8 @@ def build_parser():
                        help="seconds a rank waits in a collective for the other nodes (default 1800, gloo's)")
     serve.add_argument("--survive-parent-kill", action="store_true",
                        help="ranks keep running when the API process is SIGKILLed (vLLM's orphans, #55510)")
+
+    work.add_options(serve)
 
     hub_cmd = sub.add_parser("hub", help="serve a make-model directory as a Hugging Face hub repository",
                              description="Serve DIR as hub repository REPO for `serve --model-path REPO` with "

@@ -18,7 +18,7 @@ import threading
 import time
 import traceback
 
-from . import __version__, faults, http, hub, logs, ranks, textgen
+from . import __version__, faults, http, hub, logs, ranks, textgen, work
 from .gpus import ensure_gpus, fake_gpu_dir
 
 SGLANG_VERSION = "0.5.23"
@@ -59,6 +59,7 @@ class ApiServer:
         self.httpd = None
         self.status_r = self.status_w = self.request_r = self.request_w = None
         self.served_tokens = 0
+        self.work = work.WorkCounters()
 
     # --- helpers ------------------------------------------------------------------------------
     def src(self, name):
@@ -66,8 +67,9 @@ class ApiServer:
 
     def health(self):
         """(status, body) for /health, following each engine's semantics."""
-        if self.state == "dead":
+        if self.state in ("dead", "draining"):
             return 503, b""
+        work.slow_health(self)
         if self.engine == "vllm":
             # vLLM only asks "is the engine core alive?": a hung or SIGSTOPped worker still gets 200.
             return 200, b""
@@ -83,9 +85,12 @@ class ApiServer:
         return 200, b""
 
     def metrics(self):
-        return ("# HELP modelwake_sim_generation_tokens_total Generated tokens.\n"
-                "# TYPE modelwake_sim_generation_tokens_total counter\n"
-                "modelwake_sim_generation_tokens_total %d\n" % self.served_tokens)
+        return work.metrics_text(self)
+
+    def in_flight(self):
+        """Requests sent to rank 0 and not answered yet."""
+        with self.pending_lock:
+            return len(self.pending)
 
     def generate(self, prompt, max_tokens, timeout=None, quiet=False):
         """Send one request to rank 0 and wait for it: (tokens, finish_reason), or None if the
@@ -111,6 +116,16 @@ class ApiServer:
         self.served_tokens += len(tokens)
         return tokens, finish
 
+    def next_event(self):
+        """The tree's next event, awaited in short slices: a SIGTERM that the kernel hands to
+        another thread runs its Python handler only once the main thread executes again, and a
+        drain must begin at once, not at the next event."""
+        while True:
+            try:
+                return self.events.get(timeout=0.2)
+            except queue.Empty:
+                continue
+
     def _tell_rank0(self, msg):
         with self.request_lock:
             try:
@@ -135,7 +150,9 @@ class ApiServer:
                     event = json.loads(line.decode("utf-8"))
                 except ValueError:
                     continue
-                if event.get("ev") == "gen":
+                if event.get("ev") == "tokens":
+                    self.work.add(event)
+                elif event.get("ev") == "gen":
                     with self.pending_lock:
                         slot = self.pending.get(event["id"])
                         if slot:
@@ -234,12 +251,18 @@ class ApiServer:
                     pass
 
     def _on_sigterm(self, signum, frame):
+        if self.state == "draining":
+            return  # a second SIGTERM (systemd's sweep of the cgroup) during the drain
+        if self.state == "ready" and work.drains(self.opts):
+            work.drain(self)  # says uvicorn's "Shutting down" itself
         if self.httpd is not None:
-            self.log.uvicorn("Shutting down")
+            if self.state != "draining":
+                self.log.uvicorn("Shutting down")
             self.log.uvicorn("Waiting for application shutdown.")
             self.log.uvicorn("Application shutdown complete.")
             self.log.uvicorn("Finished server process [%d]" % os.getpid())
-        self._kill_tree(signal.SIGTERM, 3.0)
+        # Ranks that keep serving through a drain ignore SIGTERM: end them outright.
+        self._kill_tree(signal.SIGKILL if work.drains(self.opts) else signal.SIGTERM, 3.0)
         if self.opts.fake_gpus:
             self._remove_dead_holders()
         os._exit(0)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from . import faults, hub, logs, safetensors
+from . import faults, hub, logs, safetensors, work
 from .gpus import Holder, visible_gpu, fake_gpu_dir
 
 MIB = 1024 * 1024
@@ -114,6 +114,7 @@ class Rank:
             self.holder = Holder(fake_gpu_dir(), holder_name, visible_gpu(rank if local_rank is None else local_rank))
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        work.keep_serving_on_sigterm(opts)
         send(status_fd, {"ev": "hello", "pid": os.getpid(), "rank": rank})
 
     # --- housekeeping -------------------------------------------------------------------------
@@ -449,6 +450,7 @@ class Rank:
         pending = b""
         ready_since = None if warmup else time.monotonic()
         warmed = warmup is None
+        tokens = work.TokenReporter(lambda event: send(self.status_fd, event))
         while True:
             if ready_since is not None:
                 self.check_fault("ready", ready_since)
@@ -479,6 +481,7 @@ class Rank:
                                   "#running-req: %d, #queue-req: 0, " % (len(loud), sum(m["prompt_tokens"] for m in loud),
                                                                         len(active)))
                 time.sleep(opts.prefill_seconds_per_token * sum(m["prompt_tokens"] for m in new))
+                tokens.step(prompt=sum(m["prompt_tokens"] for m in new))
                 for msg in new:
                     if msg["n"] <= 0:
                         send(self.status_fd, {"ev": "gen", "id": msg["id"], "ntok": 0})
@@ -491,10 +494,12 @@ class Rank:
                 time.sleep(opts.token_seconds * (1 + 0.02 * (len(active) - 1)))
                 for item in active:
                     item[1] -= 1
+                tokens.step(generated=len(active))
                 for item in [a for a in active if a[1] <= 0]:
                     active.remove(item)
                     send(self.status_fd, {"ev": "gen", "id": item[0], "ntok": item[2]})
             else:
+                tokens.flush()
                 self.gpu(util=0)
 
 

@@ -62,7 +62,7 @@ class SGLangServer(engine.ApiServer):
         ready_ranks = set()
         reached = {stage: set() for stage in nodes.STAGES}
         while True:
-            event = self.events.get()
+            event = self.next_event()
             kind = event.get("ev")
             if kind == "reached":
                 reached[event["stage"]].add(event["rank"])

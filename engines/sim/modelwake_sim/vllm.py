@@ -6,7 +6,7 @@ import signal
 import threading
 import time
 
-from . import engine, logs, ranks
+from . import engine, logs, ranks, work
 
 DESC = "Loading safetensors checkpoint shards"
 SITE = engine.SITE
@@ -35,7 +35,7 @@ class VLLMServer(engine.ApiServer):
         core = self._fork(self._engine_core)
         self._after_fork()
         while True:
-            event = self.events.get()
+            event = self.next_event()
             kind = event.get("ev")
             if kind == "engine_ready":
                 self._open_port()
@@ -164,6 +164,7 @@ class VLLMServer(engine.ApiServer):
 
         signal.signal(signal.SIGTERM, on_sigterm)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        work.keep_serving_on_sigterm(opts)
 
         def read_workers():
             buf = b""

@@ -39,7 +39,8 @@ def parse_args(argv):
                         help="seconds each EXTEND_TIMEOUT_USEC grants; the unit's TimeoutStartSec should equal it "
                              "(default: stall timeout + 2 polls + 30)")
     parser.add_argument("--stop-timeout", type=float, default=30,
-                        help="seconds the engine gets after SIGTERM before SIGKILL (keep below TimeoutStopSec)")
+                        help="seconds the engine gets after SIGTERM before SIGKILL, its drain included (keep "
+                             "below TimeoutStopSec); after ready the requests in flight are followed meanwhile")
     parser.add_argument("--name", default="model",
                         help="the unit's full name (sglang-k26.service): the `name` label of the Prometheus "
                              "textfile, as node_exporter's systemd collector labels units")
@@ -53,7 +54,9 @@ def parse_args(argv):
                              "failed probes in a row, so that the unit's WatchdogSec= restarts a hung engine "
                              "(default 0: off; needs WatchdogSec=)")
     parser.add_argument("--liveness-check", default="health", choices=LIVENESS_CHECKS,
-                        help="what a liveness probe asks: health (GET /health 200) or completion (a real one)")
+                        help="what a liveness probe asks: health (GET /health 200), completion (a real one) or "
+                             "work (the engine's /metrics: tokens processed while requests are in flight, a "
+                             "1-token completion when idle, /health when /metrics cannot be read)")
     parser.add_argument("--state-dir", default=None,
                         help="the unit's state directory (StateDirectory=): where the failed starts are recorded "
                              "for crash-loop detection (default: none, no record)")

@@ -13,6 +13,7 @@ from ..readiness.verdict import Verdict
 from ..readiness.waiter import wait_for_ready
 from .cli import build_launch_config, engine_environment
 from .crash_loop import CrashLoopGuard
+from .drain import drain
 from .engine_process import EOF_WAIT, Engine
 from .exit_codes import EXIT_CRASH_LOOP, EXIT_ENGINE_EXITED, EXIT_FAILED, EXIT_USAGE, VERDICT_EXIT
 from .hold import exit_status_when_held
@@ -47,6 +48,7 @@ class Launcher(object):
         # Off until run() has valid options (--state-dir): records nothing.
         self.crash_loop = CrashLoopGuard(None, 0, self.log, wall_clock)
         self.reporter = None
+        self.serving_config = None  # set once ready: a stop then drains the requests in flight
 
     def log(self, text):
         self.err.write(LOG_PREFIX + text + "\n")
@@ -86,7 +88,10 @@ class Launcher(object):
         notifier.stopping("stopping: %s forwarded to the engine" % name)
         self.log("%s received: stopping the engine's process group %d (SIGKILL after %s s)"
                  % (name, self.engine.pid, self.options.stop_timeout))
-        self.engine.stop(self.options.stop_timeout, signum=self.stop_signal)
+        if self.serving_config is not None:
+            drain(self.engine, self.serving_config, self.options.stop_timeout, self.clock, self.log, notifier.status)
+        else:
+            self.engine.stop(self.options.stop_timeout, signum=self.stop_signal)
         self.log("engine stopped (%s)" % self.engine.describe_exit())
         self._final_textfile(NOT_STARTED, "stopped")
         return 0
@@ -193,11 +198,12 @@ class Launcher(object):
         """After READY=1: follow the engine until it exits or we are stopped; feed the watchdog, while
         the engine answers when --liveness-failures is set."""
         engine = self.engine
+        self.serving_config = config
         ping = watchdog_interval(self.environ)
         liveness = None
         if ping is not None and self.options.liveness_failures:
             liveness = watchdog_liveness(config, self.options.liveness_check, self.options.liveness_failures,
-                                         ping, log=self.log)
+                                         ping, log=self.log, status=notifier.status)
         while not engine.exited.is_set():
             if ping is not None:
                 if liveness is None:
