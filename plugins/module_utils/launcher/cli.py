@@ -56,6 +56,13 @@ def parse_args(argv):
                         help="another node of a multi-node group (repeatable): a node that leaves the group is "
                              "a failure that names it, and restarts this one (the group re-forms)")
     parser.add_argument("--peer-port", type=int, default=None, help="the group's dist-init port (with --peer)")
+    parser.add_argument("--gpu-turns", default="", metavar="DIR",
+                        help="take the start's turn on its GPUs (--gpus, default all) with lock files in DIR, shared "
+                             "by every unit on the host, and wait for a stopped instance's GPU memory before the "
+                             "engine starts (default: off)")
+    parser.add_argument("--gpu-release-timeout", type=float, default=150,
+                        help="seconds a stopped instance's GPU memory may take to be released before the start "
+                             "fails naming its holders (with --gpu-turns; default 150)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the engine command and its arguments")
     options = parser.parse_args(argv)
     command = options.command[1:] if options.command[:1] == ["--"] else options.command
@@ -116,6 +123,8 @@ def build_launch_config(options, environ):
                              "drop --liveness-failures")
     if options.textfile and not os.path.isdir(os.path.dirname(os.path.abspath(options.textfile))):
         raise ModelWakeError("textfile: the directory of %s does not exist" % options.textfile)
+    if options.gpu_release_timeout <= 0:
+        raise ModelWakeError("gpu-release-timeout: must be greater than 0, got %s" % options.gpu_release_timeout)
     if options.expected_load_seconds is not None and not options.expected_load_seconds > 0:
         raise ModelWakeError("expected-load-seconds: must be greater than 0 (leave it out when unknown), got %s"
                              % options.expected_load_seconds)
