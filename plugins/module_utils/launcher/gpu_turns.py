@@ -31,6 +31,7 @@ from ..common.formatting import duration
 from ..host import procfs
 from ..host.gpu import GpuReader
 from ..host.systemd import SystemdError, unit_properties
+from ..readiness.phases import STARTING
 from ..readiness.status import status_phase, waiting_status
 
 TURNS_DIR = "/run/modelwake/gpu-turns"
@@ -230,8 +231,10 @@ class GpuTurns(object):
             return phase
         props = self._unit_state(unit, {})
         phase = status_phase(props.get("StatusText"))
-        words = "stopping" if props.get("ActiveState") == "deactivating" else (
-            "starting (%s)" % phase if phase else None)
+        if props.get("ActiveState") == "deactivating":
+            words = "stopping"
+        else:
+            words = "starting (%s)" % phase if phase and phase != STARTING else None
         self._holder_phase = (unit, self.clock(), words)
         return words
 
@@ -301,13 +304,12 @@ class GpuTurns(object):
             if not waiting:
                 return waited
             if waited >= self.release_timeout:
+                held = "; ".join("GPU %d: %s, %s MiB" % (h.gpu, h.describe(), "?" if h.mib is None else h.mib)
+                                 for h in waiting)
                 raise GpuTurnError(
-                    "GPU memory still held after %s by what a stopped instance left: %s. Find out why it "
-                    "does not exit (journalctl -u <unit>, its state in ps), or raise the unit's TimeoutStopSec "
-                    "(the launcher waits that long and 30 s more)" % (
-                        duration(waited), "; ".join("GPU %d: %s, %s MiB" % (h.gpu, h.describe(),
-                                                                          "?" if h.mib is None else h.mib)
-                                                     for h in waiting)))
+                    "GPU memory still held after %s by what a stopped instance left: %s. Find out why it does "
+                    "not exit (its unit's journal, its state in ps), or give it longer: --gpu-release-timeout "
+                    "(the role: model_service_timeout_stop_sec + 30 s)" % (duration(waited), held))
             if stopping():
                 return None
             self._say(memory_message(waiting))
