@@ -5,6 +5,8 @@ and the sleep fake: a wait of minutes replays in milliseconds. The turn's locks 
 on files in a temporary directory (two opens of one file conflict within one process too).
 """
 import json
+import os
+import stat
 
 import pytest
 
@@ -97,6 +99,8 @@ def test_locks_are_taken_in_gpu_order_and_say_who_holds_them(tmp_path):
     assert first.gpus == [1, 3]
     assert first.try_take(1) and first.try_take(3)
     first.write_holder("sglang-a.service", 4242)
+    # The service group's other units may write who holds it, whatever the creator's umask.
+    assert stat.S_IMODE(os.stat(str(tmp_path / "gpu-1.lock")).st_mode) == 0o660
     second = TurnLocks(str(tmp_path), [1])
     assert not second.try_take(1)
     assert second.holder(1) == {"unit": "sglang-a.service", "pid": 4242}

@@ -30,14 +30,12 @@ from ..common.errors import ModelWakeError
 from ..common.formatting import duration
 from ..host import procfs
 from ..host.gpu import GpuReader
-from ..host.systemd import SystemdError, unit_properties
+from ..host.systemd import SystemdError, is_running, unit_properties
 from ..readiness.phases import STARTING
 from ..readiness.status import status_phase, waiting_status
 
-TURNS_DIR = "/run/modelwake/gpu-turns"
 POLL_SECONDS = 1.0  # a lock and a GPU's holders are cheap to look at; the wait ends soon after they change
 SAY_EVERY = 10.0  # seconds between two STATUS= / EXTEND_TIMEOUT_USEC= with the same text
-RUNNING_STATES = ("active", "activating", "reloading")
 # A holder's unit, in the wait's words, by its ActiveState.
 STOPPED_WORDS = {"deactivating": "stopping", "inactive": "stopped", "failed": "failed"}
 LEFT_OVER = "left over from its previous run"
@@ -71,7 +69,7 @@ def release_reason(holder, own_unit, own_pids):
     if holder.unit is not None:
         if holder.unit == own_unit:
             return LEFT_OVER  # systemd stopped the previous run, a process of it still holds memory
-        if holder.unit_state is None or holder.unit_state in RUNNING_STATES:
+        if holder.unit_state is None or is_running({"ActiveState": holder.unit_state}):
             return None
         return STOPPED_WORDS.get(holder.unit_state, holder.unit_state)
     return "exiting" if holder.exiting else None
@@ -120,6 +118,10 @@ class TurnLocks(object):
             path = os.path.join(self.directory, "gpu-%d.lock" % gpu)
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o660)
+                try:
+                    os.fchmod(fd, 0o660)  # past the umask: the service group's other units write it too
+                except OSError:
+                    pass  # another user's file, opened through the group's write permission
             except PermissionError:
                 # Created by a unit of another user: a read-only fd locks all the same, it just
                 # cannot write who holds the turn.
@@ -170,7 +172,6 @@ class GpuTurns(object):
     def __init__(self, gpus, directory, release_timeout, notifier, log, extend_seconds,
                  reader=None, runner=run_command, proc_root="/proc", clock=time.monotonic, sleep=time.sleep,
                  pid=None):
-        self.wanted = gpus
         self.directory = directory
         self.release_timeout = release_timeout
         self.notifier = notifier
