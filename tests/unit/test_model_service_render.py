@@ -224,8 +224,8 @@ def test_launcher_makes_a_notify_unit_and_words_are_quoted_for_systemd(rendered)
     assert exec_start(unit) == (
         'ExecStart={venv}/bin/python /opt/modelwake/lib/modelwake-launch --url http://127.0.0.1:30001 --engine vllm '
         '--model {k26} --model-path {k26} --ready-check completion --timeout 3600 --stall-timeout 600 '
-        '--poll-interval 5 --extend-timeout 640 --stop-timeout 110 --name vllm-notify.service '
-        '--gpu-turns /run/modelwake/gpu-turns --gpu-release-timeout 150 -- '
+        '--poll-interval 5 --extend-timeout 640 --stop-timeout 110 '
+        '--gpu-turns /run/modelwake/gpu-turns --gpu-release-timeout 150 --name vllm-notify.service -- '
         '{venv}/bin/python -m vllm.entrypoints.openai.api_server '
         '--model {k26} --host 127.0.0.1 --port 30001 --tensor-parallel-size 1 '
         '--note "50%% of $$HOME \\"q\\"" --x %%h'.format(venv=VENV, k26=rendered["k26"]))
