@@ -226,7 +226,8 @@ def test_launcher_makes_a_notify_unit_and_words_are_quoted_for_systemd(rendered)
         'ExecStart={venv}/bin/python /opt/modelwake/lib/modelwake-launch --url http://127.0.0.1:30001 --engine vllm '
         '--model {k26} --model-path {k26} --ready-check completion --timeout 3600 --stall-timeout 600 '
         '--poll-interval 5 --extend-timeout 640 --stop-timeout 140 '
-        '--state-dir /var/lib/modelwake/vllm-notify --crash-loop-starts 3 --name vllm-notify.service -- '
+        '--state-dir /var/lib/modelwake/vllm-notify --crash-loop-starts 3 '
+        '--gpu-turns /run/modelwake/gpu-turns --gpu-release-timeout 180 --name vllm-notify.service -- '
         '{venv}/bin/python -m vllm.entrypoints.openai.api_server '
         '--model {k26} --host 127.0.0.1 --port 30001 --tensor-parallel-size 1 --shutdown-timeout 30 '
         '--note "50%% of $$HOME \\"q\\"" --x %%h'.format(venv=VENV, k26=rendered["k26"]))

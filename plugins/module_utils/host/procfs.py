@@ -34,6 +34,9 @@ STATE_NAMES = {
 }
 
 
+# include/linux/sched.h: "getting shut down", set at the start of do_exit().
+PF_EXITING = 0x00000004
+
 # The /proc/<pid>/io counters the tree totals (see the module's docstring for why each).
 IO_COUNTERS = ("read_bytes", "write_bytes", "rchar", "wchar")
 
@@ -64,6 +67,9 @@ def read_process(pid, proc_root="/proc"):
         "faults": int(fields[7]) + int(fields[9]),
         "child_ticks": int(fields[13]) + int(fields[14]),
         "starttime": int(fields[19]),
+        # PF_EXITING in the kernel's flags: the process is in exit(), releasing what it holds (its GPU
+        # memory among them) before it becomes a zombie.
+        "exiting": bool(int(fields[6]) & PF_EXITING),
         "cmdline": "",
         # A zombie's exit status as waitpid() gives it (field 52, Linux 3.5+): how a process that died
         # unreaped ended (a rank whose parent is blocked elsewhere); None for the living.
@@ -246,6 +252,27 @@ def systemd_cgroups(text):
         elif controllers == "name=systemd":
             found.append(("systemd", path))
     return found
+
+
+def unit_from_cgroup(text):
+    """The systemd unit (service or scope) of a /proc/<pid>/cgroup text, or None.
+
+    The paths are systemd_cgroups' (cgroup v2's `0::` line, v1's `name=systemd` one); the innermost
+    .service or .scope wins.
+    """
+    for _hierarchy, path in systemd_cgroups(text):
+        for part in reversed(path.strip("/").split("/")):
+            if part.endswith(".service") or part.endswith(".scope"):
+                return part
+    return None
+
+
+def process_unit(pid, proc_root="/proc"):
+    """The systemd unit a pid belongs to (from /proc/<pid>/cgroup), or None (no unit, or gone)."""
+    try:
+        return unit_from_cgroup(_read(os.path.join(proc_root, str(pid), "cgroup")))
+    except OSError:
+        return None
 
 
 def cgroup_pids(control_group=None, main_pid=None, proc_root="/proc", cgroup_root="/sys/fs/cgroup"):

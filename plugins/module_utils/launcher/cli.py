@@ -72,6 +72,13 @@ def parse_args(argv):
                              "<dir>/<unit>.json exists (the unit from --name), a failed, stalled or exited engine ends "
                              "the launcher with status 8 (RestartPreventExitStatus=) instead of one Restart= acts on; "
                              "'' turns it off")
+    parser.add_argument("--gpu-turns", default="", metavar="DIR",
+                        help="take the start's turn on its GPUs (--gpus, default all) with lock files in DIR, shared "
+                             "by every unit on the host, and wait for a stopped instance's GPU memory before the "
+                             "engine starts (default: off)")
+    parser.add_argument("--gpu-release-timeout", type=float, default=150,
+                        help="seconds a stopped instance's GPU memory may take to be released before the start "
+                             "fails naming its holders (with --gpu-turns; default 150)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the engine command and its arguments")
     options = parser.parse_args(argv)
     command = options.command[1:] if options.command[:1] == ["--"] else options.command
@@ -134,6 +141,8 @@ def build_launch_config(options, environ):
         raise ModelWakeError("textfile: the directory of %s does not exist" % options.textfile)
     if options.crash_loop_starts < 0:
         raise ModelWakeError("crash-loop-starts: must be 0 (record only) or more, got %s" % options.crash_loop_starts)
+    if options.gpu_release_timeout <= 0:
+        raise ModelWakeError("gpu-release-timeout: must be greater than 0, got %s" % options.gpu_release_timeout)
     if options.expected_load_seconds is not None and not options.expected_load_seconds > 0:
         raise ModelWakeError("expected-load-seconds: must be greater than 0 (leave it out when unknown), got %s"
                              % options.expected_load_seconds)

@@ -17,6 +17,7 @@ from .drain import drain
 from .engine_process import EOF_WAIT, Engine
 from .exit_codes import EXIT_CRASH_LOOP, EXIT_ENGINE_EXITED, EXIT_FAILED, EXIT_USAGE, VERDICT_EXIT
 from .hold import exit_status_when_held
+from .gpu_turns import GpuTurnError, GpuTurns
 from .liveness import unresponsive_message, watchdog_liveness
 from .notify import Notifier, watchdog_interval
 from .reporter import STATUS_EVERY, Reporter
@@ -49,6 +50,7 @@ class Launcher(object):
         self.crash_loop = CrashLoopGuard(None, 0, self.log, wall_clock)
         self.reporter = None
         self.serving_config = None  # set once ready: a stop then drains the requests in flight
+        self.turns = None
 
     def log(self, text):
         self.err.write(LOG_PREFIX + text + "\n")
@@ -108,6 +110,13 @@ class Launcher(object):
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
         try:
+            if options.gpu_turns and not self._take_gpu_turn(notifier, config):
+                return 0  # stopped while it waited: nothing was started
+        except GpuTurnError as exc:  # a stopped instance's GPU memory never released: a failed start too
+            self.log("failed: %s" % exc)
+            notifier.status("failed: %s" % exc)
+            return self.crash_loop.failed("failed: %s" % exc, [], EXIT_FAILED)
+        try:
             self.engine = Engine(options.command, engine_environment(self.environ), self.out)
         except OSError as exc:
             message = "error: command: cannot start %s: %s" % (options.command[0], exc)
@@ -123,7 +132,16 @@ class Launcher(object):
         finally:
             if self.engine is not None and not self.engine.exited.is_set():
                 self.engine.stop(min(options.stop_timeout, 10))
+            if self.turns is not None:
+                self.turns.release()
             notifier.close()
+
+    def _take_gpu_turn(self, notifier, config):
+        """launcher/gpu_turns.py: the start's turn on its GPUs and their memory; False when stopped meanwhile."""
+        options = self.options
+        self.turns = GpuTurns(config.gpus, options.gpu_turns, options.gpu_release_timeout, notifier, self.log,
+                              options.extend_timeout)
+        return self.turns.take(stopping=lambda: self.stop_signal is not None)
 
     def _watch(self, notifier, config):
         options = self.options
@@ -148,6 +166,8 @@ class Launcher(object):
             reporter.on_snapshot(snap, verdict)
 
         result = wait_for_ready(config, probe, clock=self.clock, sleep=self._sleep, on_snapshot=on_snapshot)
+        if self.turns is not None:
+            self.turns.release()  # the verdict is in: the next start on these GPUs may go
         for warning in result.get("warnings", []):
             self.log("warning: %s" % warning)
         if result["phase"] != READY:

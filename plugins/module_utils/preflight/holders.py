@@ -14,6 +14,7 @@ import pwd
 from ..common.units import MIB
 from ..host import procfs
 from ..host.gpu import GpuReader
+from ..host.procfs import unit_from_cgroup  # the one reading of a cgroup's unit, shared with the launcher
 
 OWN = "own"
 STOPPABLE = "stoppable"
@@ -23,19 +24,6 @@ FOREIGN = "foreign"
 def unit_name(name):
     """'sglang-k26' and 'sglang-k26.service' name the same unit."""
     return name if "." in name else name + ".service"
-
-
-def unit_from_cgroup(text):
-    """The systemd unit (service or scope) of a /proc/<pid>/cgroup text, or None.
-
-    The paths are procfs.systemd_cgroups' (cgroup v2's `0::` line, v1's `name=systemd` one); the
-    innermost .service or .scope wins.
-    """
-    for _hierarchy, path in procfs.systemd_cgroups(text):
-        for part in reversed(path.strip("/").split("/")):
-            if part.endswith(".service") or part.endswith(".scope"):
-                return part
-    return None
 
 
 def process_owner(pid, proc_root="/proc"):

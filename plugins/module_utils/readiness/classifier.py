@@ -17,7 +17,9 @@
 Progress is any of: tree CPU above cpu_threshold cores, read_bytes up by read_threshold, GPU
 memory changed by gpu_memory_threshold MiB (NOT utilisation: a hung NCCL collective spins the
 GPUs at 100 %), new log lines other than hang-time chatter, the process tree changing, the
-phase changing, an HTTP answer changing, systemd's StatusText changing.
+phase changing, an HTTP answer changing, systemd's StatusText changing. A notify unit whose launcher
+says it waits before it starts the engine (its turn on the GPUs, a stopped instance's memory:
+status.status_waiting) is starting, never stalled: the launcher bounds that wait itself.
 
 The hang that looks like work: CPU is progress only while it goes to code that moves. When the
 ranks' stacks are read (py-spy, during silent looks), a busy process whose every Python frame is
@@ -40,7 +42,7 @@ from .phases import FAILED, INITIALIZING, LOADING, NOT_STARTED, PHASES, READY, S
 from .spin import SpinTracker
 from .stack_summary import summarize
 from .transfers import DOWNLOAD, INFINIBAND, STREAM, WRITTEN, TransferTracker
-from .status import status_news, status_phase
+from .status import status_news, status_phase, status_waiting
 from .verdict import Verdict, window_rate, windowed
 
 TAIL_LINES = 200
@@ -77,6 +79,7 @@ class ClassifierState(object):
     rank_death_waited: bool = False  # one more look was given to the engine's own word on a dead rank
     listen_url: Optional[str] = None  # where the server logged that it listens
     status_phase: Optional[str] = None  # the phase a notify unit's launcher names in its STATUS=
+    launcher_waiting: Optional[str] = None  # what the launcher waits for before it starts the engine (its turn)
 
     # Loading.
     shards: Optional[List[int]] = None  # [n, N] from the engine's progress bar
@@ -268,6 +271,12 @@ class Classifier(object):
             events.append("systemd status %r" % status_text)
         st.status_prev = news
         st.status_phase = status_phase(status_text)
+        # A launcher that waits for its turn on the GPUs (or a stopped instance's memory) has no engine
+        # yet: its own clock bounds that wait, the other start's verdict ends it. Not a stall.
+        starting_unit = (snap.unit or {}).get("ActiveState") == "activating"
+        st.launcher_waiting = status_waiting(status_text) if starting_unit else None
+        if st.launcher_waiting:
+            events.append("the launcher is %s" % st.launcher_waiting)
 
         events += self._track_peers(t, snap.peers)
 
@@ -651,7 +660,7 @@ class Classifier(object):
         st = self.state
         cfg = self.config
         if not alive:
-            return NOT_STARTED
+            return STARTING if st.launcher_waiting else NOT_STARTED
         phase = st.marker_phase or STARTING
         if st.status_phase:
             # A notify unit's launcher names the phase in its STATUS=: as good as a log marker.
@@ -730,6 +739,8 @@ class Classifier(object):
             msg += "; the completion answers, the unit waits for its launcher's READY=1"
         if st.ready_hint:
             msg += "; the engine logged that it is ready but the %s check does not pass yet" % cfg.ready_check
+        if st.launcher_waiting:
+            msg += "; the launcher is %s" % st.launcher_waiting
         return Verdict(phase, msg + notes, evidence=[st.marker_line] if st.marker_line else [])
 
     def _recent_stacks(self, t):

@@ -8,6 +8,9 @@ STATUS_CHARS characters, and its first word says the phase:
   loading (3.0 GiB read, 575 MiB/s)  /  loading (since 12s)
   loading (downloading org/k26 model-00003.safetensors: 412 MiB at 30 MiB/s)   weights from the network
   initializing: <marker> (since 1m05s)
+  starting: waiting for GPU 2's memory to be released by pid 4242 (sglang-a.service, stopping)
+  starting: waiting for its turn on GPU 2: sglang-a.service (pid 4242) is starting (loading)
+                                                       the launcher waits before it starts the engine
   ready in 14m03s                                      after READY=1
   <the verdict's message>                              failed / stalled / timeout
 The reader (status_phase) takes only starting, loading and initializing from it: whether the
@@ -119,3 +122,22 @@ def status_phase(status_text):
     words = (status_text or "").split(None, 1)
     word = words[0].rstrip(":") if words else ""
     return word if word in STATUS_PHASES else None
+
+
+# The launcher waits before it starts the engine (launcher/gpu_turns.py): for a stopped instance's GPU
+# memory, or for its turn on a GPU another start holds. Its own clock bounds the first, the other
+# start's verdict the second: the reader must not take the engine's silence for a stall meanwhile.
+WAITING_PREFIX = STARTING + ": "
+WAITING = re.compile(r"^" + re.escape(WAITING_PREFIX) + r"(waiting for (?:GPU \d+'s memory to be released|its turn on GPU \d+)\b.*)$")
+
+
+def waiting_status(what):
+    """The STATUS= text of a launcher that waits before it starts the engine; `what` begins with
+    "waiting for GPU <n>'s memory to be released" or "waiting for its turn on GPU <n>"."""
+    return (WAITING_PREFIX + one_line(what))[:STATUS_CHARS]
+
+
+def status_waiting(status_text):
+    """What a launcher waits for before it starts the engine (waiting_status' `what`), or None."""
+    match = WAITING.match(status_text or "")
+    return match.group(1) if match else None

@@ -1,0 +1,86 @@
+"""The launcher takes its GPU turn before it starts the engine: the real launcher (as the role installs
+it) in a subprocess, the scripted nvidia-smi for one fake GPU, a real notify socket, and the turn held
+by this test with a real lock. Its engine is a small script that leaves a file when it starts."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.gpu_turns import TurnLocks
+
+from tests.helpers import FAKES, free_port, launcher_package
+from tests.helpers.notify_listener import NotifyListener
+from tests.helpers.waiting import poll
+
+ENGINE = "import sys, time; open(sys.argv[1], 'w').close(); time.sleep(120)"
+
+
+@pytest.fixture
+def host(tmp_path):
+    gpu_dir = tmp_path / "fake-gpu"
+    gpu_dir.mkdir()
+    (gpu_dir / "gpus.json").write_text(json.dumps({"gpus": [{"index": 0, "memory_total_mib": 97887}]}))
+    listener = NotifyListener()
+    env = dict(os.environ, PATH=FAKES + os.pathsep + os.environ["PATH"], MODELWAKE_FAKE_GPU_DIR=str(gpu_dir),
+               NOTIFY_SOCKET=listener.address, PYTHONPATH=launcher_package.install(str(tmp_path / "lib")))
+    yield {"env": env, "listener": listener, "turns": str(tmp_path / "turns"), "tmp": tmp_path}
+    listener.close()
+
+
+def launch(host, started):
+    argv = [sys.executable, os.path.join(host["env"]["PYTHONPATH"], "modelwake-launch"),
+            "--url", "http://127.0.0.1:%d" % free_port(), "--engine", "sglang", "--ready-check", "health",
+            "--gpus", "0", "--gpu-turns", host["turns"], "--poll-interval", "1", "--stall-timeout", "60",
+            "--name", "sglang-b.service", "--", sys.executable, "-c", ENGINE, started]
+    return subprocess.Popen(argv, env=host["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            universal_newlines=True)
+
+
+def test_the_engine_starts_only_once_the_turn_on_its_gpu_is_free(host):
+    os.makedirs(host["turns"])
+    other = TurnLocks(host["turns"], [0])
+    assert other.try_take(0)
+    other.write_holder("sglang-a.service", 4242)
+    started = str(host["tmp"] / "engine-started")
+    proc = launch(host, started)
+    try:
+        waiting = host["listener"].wait_for(
+            "STATUS", 30, lambda value: value.startswith("starting: waiting for its turn on GPU 0: "
+                                                         "sglang-a.service (pid 4242) is "))
+        assert waiting, host["listener"].fields("STATUS")
+        assert host["listener"].fields("EXTEND_TIMEOUT_USEC")
+        assert not os.path.exists(started)
+        other.release()
+        assert poll(lambda: os.path.exists(started), 30), host["listener"].fields("STATUS")
+        # Its turn, held until the start's verdict: the next start on GPU 0 waits behind it now.
+        again = TurnLocks(host["turns"], [0])
+        assert not again.try_take(0)
+        assert again.holder(0)["pid"] == proc.pid
+        again.release()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, output
+    assert "waiting for its turn on GPU 0: sglang-a.service (pid 4242)" in output
+    assert "took its turn on GPU 0 after" in output
+
+
+def test_a_stop_while_it_waits_ends_it_cleanly_without_an_engine(host):
+    os.makedirs(host["turns"])
+    other = TurnLocks(host["turns"], [0])
+    assert other.try_take(0)
+    started = str(host["tmp"] / "engine-started")
+    proc = launch(host, started)
+    try:
+        assert host["listener"].wait_for("STATUS", 30, lambda value: "waiting for its turn on GPU 0" in value)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+    finally:
+        other.release()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output
+    assert not os.path.exists(started)
