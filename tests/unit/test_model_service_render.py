@@ -299,7 +299,7 @@ def test_a_launcher_unit_records_its_failed_starts_in_its_state_directory_and_st
     # crash loop, is not restarted.
     assert directive(unit, "StateDirectory") == ["modelwake/sglang-live"]
     assert directive(unit, "RestartPreventExitStatus") == ["2 7 8"]
-    assert " --state-dir /var/lib/modelwake/sglang-live --crash-loop-starts 5 --name " in exec_start(unit)
+    assert " --state-dir /var/lib/modelwake/sglang-live --crash-loop-starts 5 " in exec_start(unit)
 
 
 PTRACE_CASES = {
