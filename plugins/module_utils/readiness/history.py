@@ -8,10 +8,13 @@ file is host/start_history.py's; a start is summed up by StartObserver from the 
 A record is one JSON object (RECORD_VERSION):
   {"v": 1, "unit", "engine", "engine_version", "model", "model_bytes", "started_at" (epoch s),
    "phases": [{"phase", "duration", "longest_silence"}], "bytes_read", "load_rate" (bytes/s),
-   "verdict", "verdict_after" (s), "host": {"gpus": [index, ...], "page_cache": "warm"|"cold"|null}}
+   "verdict", "verdict_after" (s), "host": {"gpus": [index, ...], "page_cache": "warm"|"cold"|null},
+   "invocation": systemd's InvocationID of the start (null in pid mode): one start, one record,
+   "totals": {phase: {"sum", "count"}} over every start of the unit so far (the Prometheus summary:
+   kept in the newest record, so it never drops when the oldest records are)}
 """
 from ..common.formatting import duration
-from .phases import INITIALIZING, LOADING, READY, STARTING
+from .phases import INITIALIZING, LOADING, NOT_STARTED, READY, STARTING
 
 RECORD_VERSION = 1
 
@@ -83,6 +86,8 @@ def whole_start_eta(usual, phase, in_phase, load_eta=None):
     while loading, when known: it follows this start's own rate) plus the usual later phases. None
     without a usual figure for the phases still to come; a phase already past its usual length
     counts as ending now (the flag says it is late)."""
+    if phase == NOT_STARTED and usual and all(p in usual for p in TIMED_PHASES):
+        return sum(usual[p] for p in TIMED_PHASES)  # the whole start is still to come
     if phase not in TIMED_PHASES or not usual:
         return None
     later = TIMED_PHASES[TIMED_PHASES.index(phase) + 1:]
@@ -120,10 +125,19 @@ def usual_line(usual, phase, in_phase, load_eta=None):
 class Budgets(object):
     """stall_timeout and ready_timeout for a wait, and how they were found (said once, at its start)."""
 
-    def __init__(self, stall_timeout, ready_timeout, derivation):
+    def __init__(self, stall_timeout, ready_timeout, derivation, stall_words="", ready_words="", source=""):
         self.stall_timeout = stall_timeout
         self.ready_timeout = ready_timeout
         self.derivation = derivation
+        # Each budget's own words and where they come from: a wait that takes only one as `auto` says only it.
+        self.stall_words = stall_words
+        self.ready_words = ready_words
+        self.source = source
+
+    def said(self, stall=True, ready=True):
+        """The derivation of the budgets taken (`auto`), in one line."""
+        words = [w for w, taken in ((self.stall_words, stall), (self.ready_words, ready)) if taken and w]
+        return "%s: %s" % (self.source, "; ".join(words))
 
 
 def auto_budgets(records, default_stall, default_ready):
@@ -132,27 +146,29 @@ def auto_budgets(records, default_stall, default_ready):
     whole start with a margin. Outliers are left out; the floors keep a short history from making a
     budget too tight. Without records: the defaults, saying so."""
     if not records:
-        return Budgets(default_stall, default_ready,
-                       "no earlier start of this model on this host: stall_timeout %s, ready_timeout %s (defaults)"
-                       % (duration(default_stall), duration(default_ready)))
+        stall_words = "stall_timeout %s (default)" % duration(default_stall)
+        ready_words = "ready_timeout %s (default)" % duration(default_ready)
+        source = "no earlier start of this model on this host, the defaults"
+        return Budgets(default_stall, default_ready, "%s: %s, %s" % (source, stall_words, ready_words),
+                       stall_words, ready_words, source)
     silences = [max(values) for values in _silences_per_record(records) if values]
     totals = [sum(e.get("duration") or 0.0 for e in r.get("phases", []) if e.get("phase") in TIMED_PHASES)
               for r in records]
-    words = []
     if silences:
         longest_silence = max(_without_outliers(silences))
         stall = max(STALL_FLOOR, longest_silence * STALL_MARGIN + STALL_SLACK)
-        words.append("stall_timeout %s (longest silence %s x%g + %ds)"
-                     % (duration(stall), duration(longest_silence), STALL_MARGIN, STALL_SLACK))
+        stall_words = ("stall_timeout %s (longest silence %s x%g + %ds)"
+                       % (duration(stall), duration(longest_silence), STALL_MARGIN, STALL_SLACK))
     else:
         stall = default_stall
-        words.append("stall_timeout %s (default: no silence recorded)" % duration(stall))
+        stall_words = "stall_timeout %s (default: no silence recorded)" % duration(stall)
     longest_start = max(_without_outliers(totals))
     ready = max(READY_FLOOR, longest_start * READY_MARGIN)
-    words.append("ready_timeout %s (longest start %s x%g)" % (duration(ready), duration(longest_start), READY_MARGIN))
+    ready_words = "ready_timeout %s (longest start %s x%g)" % (duration(ready), duration(longest_start), READY_MARGIN)
     dropped = max(len(silences) - len(_without_outliers(silences)), len(totals) - len(_without_outliers(totals)))
     note = ", %d outlier(s) left out" % dropped if dropped else ""
-    return Budgets(stall, ready, "from %d earlier start(s)%s: %s" % (len(records), note, "; ".join(words)))
+    source = "from %d earlier start(s)%s" % (len(records), note)
+    return Budgets(stall, ready, "%s: %s; %s" % (source, stall_words, ready_words), stall_words, ready_words, source)
 
 
 def _silences_per_record(records):
@@ -176,15 +192,43 @@ class StartObserver(object):
         if verdict.phase in TIMED_PHASES:
             self.longest_silence[verdict.phase] = max(self.longest_silence.get(verdict.phase, 0.0), silence)
 
-    def record(self, unit, engine, engine_version, model, model_bytes, started_at, host):
+    def record(self, unit, engine, engine_version, model, model_bytes, started_at, host, invocation=None):
         verdict = self.last
-        phases = [{"phase": entry["phase"], "duration": entry["duration"],
-                   "longest_silence": round(self.longest_silence.get(entry["phase"], 0.0), 1)}
-                  for entry in (verdict.phases if verdict else []) if entry["phase"] in TIMED_PHASES]
+        durations = {}
+        for entry in (verdict.phases if verdict else []):
+            if entry["phase"] in TIMED_PHASES:  # a phase seen twice (loading again) counts once, in full
+                durations[entry["phase"]] = durations.get(entry["phase"], 0.0) + entry["duration"]
+        phases = [{"phase": phase, "duration": round(durations[phase], 1),
+                   "longest_silence": round(self.longest_silence.get(phase, 0.0), 1)}
+                  for phase in TIMED_PHASES if phase in durations]
         loading = [entry["duration"] for entry in phases if entry["phase"] == LOADING]
         bytes_read = verdict.bytes_read if verdict else None
         rate = bytes_read / loading[0] if bytes_read and loading and loading[0] > 0 else None
         return {"v": RECORD_VERSION, "unit": unit, "engine": engine, "engine_version": engine_version,
                 "model": model, "model_bytes": model_bytes, "started_at": started_at, "phases": phases,
                 "bytes_read": bytes_read, "load_rate": rate, "verdict": verdict.phase if verdict else None,
-                "verdict_after": sum(entry["duration"] for entry in phases), "host": host}
+                "verdict_after": round(sum(entry["duration"] for entry in phases), 1), "host": host,
+                "invocation": invocation}
+
+
+def with_totals(record, previous):
+    """`record` with its "totals": the newest earlier record's (of any version) plus this start's
+    phases. Cumulative, so the Prometheus summary built from them never drops (forget() resets it,
+    which Prometheus reads as a counter reset)."""
+    totals = dict((phase, dict(value)) for phase, value in ((previous or {}).get("totals") or {}).items())
+    for entry in record.get("phases", []):
+        total = totals.setdefault(entry["phase"], {"sum": 0.0, "count": 0})
+        total["sum"] = round(total["sum"] + entry["duration"], 1)
+        total["count"] += 1
+    return dict(record, totals=totals)
+
+
+def summary(record):
+    """A record in a few words for a result (`last_start`): when, the verdict, after how long,
+    each phase's duration, the engine version."""
+    if not record:
+        return None
+    return {"started_at": record.get("started_at"), "verdict": record.get("verdict"),
+            "verdict_after": record.get("verdict_after"), "engine_version": record.get("engine_version"),
+            "phases": dict((e["phase"], e["duration"]) for e in record.get("phases", [])),
+            "page_cache": (record.get("host") or {}).get("page_cache")}
