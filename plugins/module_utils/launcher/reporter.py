@@ -15,13 +15,15 @@ class Reporter(object):
     date the phases for Prometheus: a later jump of the wall clock moves no phase."""
 
     def __init__(self, notifier, clock, extend_seconds, name="model", textfile=None, log=None,
-                 status_every=STATUS_EVERY, wall_clock=time.time, expected_load=None):
+                 status_every=STATUS_EVERY, wall_clock=time.time, expected_load=None, starts=None):
         self.notifier = notifier
         self.clock = clock
         self.extend_seconds = extend_seconds
         self.name = name
         self.textfile = textfile
         self.expected_load = expected_load
+        # () -> the start history's metrics (StartMemory.metrics) or None: the textfile's start durations.
+        self.starts = starts or (lambda: None)
         self.log = log or (lambda text: None)
         self.status_every = status_every
         self.start = clock()
@@ -67,5 +69,6 @@ class Reporter(object):
                 self._say_once(self.notifier.error)
         if self.textfile:
             # verdict.since counts from the wait's start, which is this reporter's start.
-            text = prometheus_text(self.name, verdict, self.wall_start + verdict.since, self.expected_load)
+            text = prometheus_text(self.name, verdict, self.wall_start + verdict.since, self.expected_load,
+                                   starts=self.starts())
             self._say_once(write_textfile(self.textfile, text))

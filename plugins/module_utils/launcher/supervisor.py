@@ -71,10 +71,14 @@ class Launcher(object):
         """The last word for node_exporter when no look follows (stopped, or exited after ready)."""
         if self.options.textfile:
             text = prometheus_text(self.options.name, Verdict(phase, msg), self.wall_clock(),
-                                   self.options.expected_load_seconds)
+                                   self.options.expected_load_seconds, starts=self._start_metrics())
             error = write_textfile(self.options.textfile, text)
             if error:
                 self.log(error)
+
+    def _start_metrics(self):
+        memory = getattr(self.options, "start_memory", None)
+        return memory.metrics() if memory is not None else None
 
     def _stop(self, notifier):
         name = signal.Signals(self.stop_signal).name
@@ -102,6 +106,8 @@ class Launcher(object):
             self.log("error: command: cannot start %s: %s" % (options.command[0], exc))
             return EXIT_FAILED
         self.log("engine started as pid %d: %s" % (self.engine.pid, " ".join(options.command)))
+        if getattr(options, "budgets", None):
+            self.log(options.budgets)  # the auto budgets' derivation, said once
         try:
             return self._watch(notifier, config.for_started_server(self.engine.pid))
         except StopRequested:
@@ -122,13 +128,14 @@ class Launcher(object):
             return self._usage_or(EXIT_FAILED)
         reporter = Reporter(notifier, self.clock, options.extend_timeout, name=options.name,
                             textfile=options.textfile, log=self.log, wall_clock=self.wall_clock,
-                            expected_load=options.expected_load_seconds)
+                            expected_load=options.expected_load_seconds, starts=self._start_metrics)
 
         def on_snapshot(snap, verdict):
             engine.remember_tree()
             reporter.on_snapshot(snap, verdict)
 
-        result = wait_for_ready(config, probe, clock=self.clock, sleep=self._sleep, on_snapshot=on_snapshot)
+        result = wait_for_ready(config, probe, clock=self.clock, sleep=self._sleep, on_snapshot=on_snapshot,
+                                memory=getattr(options, "start_memory", None))
         for warning in result.get("warnings", []):
             self.log("warning: %s" % warning)
         if result["phase"] != READY:

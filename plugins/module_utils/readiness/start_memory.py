@@ -44,11 +44,11 @@ class StartMemory(object):
 
     writes: whether this wait records the start it sees ("launcher": always from its beginning;
     "wait": only when the start was seen from its beginning and no launcher runs the unit; None:
-    never, it only reads). engine_version None compares with the newest record's version (a status
-    look, which does not know the venv)."""
+    never, it only reads). newest_version: an engine_version of None means the newest record's
+    version (a status look, which does not know the venv), not an unknown one."""
 
     def __init__(self, path, unit, model, engine="auto", engine_version=None, model_bytes=None, gpus=None,
-                 writes=None, wall_clock=time.time):
+                 writes=None, wall_clock=time.time, newest_version=False):
         self.path = path
         self.unit = unit_key(unit)
         self.model = model
@@ -60,7 +60,7 @@ class StartMemory(object):
         self.records = start_history.read_records(path)
         mine = [r for r in self.records if r.get("unit") == self.unit]
         self.last = mine[-1] if mine else None
-        if engine_version is None and self.last is not None:
+        if newest_version and engine_version is None and self.last is not None:
             engine_version = self.last.get("engine_version")
         self.engine_version = engine_version
         self.comparable = history.comparable(self.records, self.unit, engine_version, model)
@@ -155,7 +155,7 @@ def module_memory(config, history_option, engine_version, root=start_history.STA
         path, writes = option, "wait"
     return StartMemory(path, config.unit or "pid", config.model_path or config.model, engine=config.engine,
                        engine_version=engine_version, model_bytes=config.expected_bytes, gpus=config.gpus,
-                       writes=writes)
+                       writes=writes, newest_version=True)
 
 
 def resolve_budgets(config, memory):

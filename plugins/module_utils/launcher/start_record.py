@@ -1,0 +1,34 @@
+"""The launcher's side of the start history (readiness/start_memory.py): it records every start of
+its unit, from its beginning to its verdict, in the unit's state directory (--state-dir), and
+resolves the `auto` budgets from the earlier ones before the engine starts."""
+import argparse
+import os
+
+from ..common.errors import ModelWakeError
+from ..host import start_history
+from ..readiness.config import AUTO
+from ..readiness.start_memory import StartMemory, resolve_budgets
+
+
+def seconds_or_auto(text):
+    """argparse type of --timeout and --stall-timeout: seconds, or auto."""
+    if text == AUTO:
+        return AUTO
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("a number of seconds or auto, got %r" % text)
+
+
+def launch_memory(options, config):
+    """(config with its auto budgets resolved, the StartMemory or None, the budgets' derivation or None)."""
+    memory = None
+    if options.state_dir and not options.no_start_history:
+        if not os.path.isdir(options.state_dir):
+            raise ModelWakeError("state-dir: %s is not a directory (StateDirectory= creates it)" % options.state_dir)
+        memory = StartMemory(start_history.history_path(options.state_dir), options.name,
+                             config.model_path or config.model, engine=config.engine,
+                             engine_version=options.engine_version, model_bytes=config.expected_bytes,
+                             gpus=config.gpus, writes="launcher")
+    config, budgets = resolve_budgets(config, memory)
+    return config, memory, budgets
