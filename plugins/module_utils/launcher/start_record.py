@@ -3,6 +3,7 @@ its unit, from its beginning to its verdict, in the unit's state directory (--st
 resolves the `auto` budgets from the earlier ones before the engine starts."""
 import argparse
 import os
+from importlib import metadata
 
 from ..common.errors import ModelWakeError
 from ..host import start_history
@@ -20,15 +21,28 @@ def seconds_or_auto(text):
         raise argparse.ArgumentTypeError("a number of seconds or auto, got %r" % text)
 
 
+def installed_version(engine):
+    """The engine's version as the launcher's own interpreter (the engine's venv) has it installed:
+    no engine import, only its metadata. None for `auto` or a package this Python does not have."""
+    if engine not in ("sglang", "vllm"):
+        return None
+    try:
+        return metadata.version(engine)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def launch_memory(options, config):
     """(config with its auto budgets resolved, the StartMemory or None, the budgets' derivation or None)."""
     memory = None
     if options.state_dir and not options.no_start_history:
         if not os.path.isdir(options.state_dir):
             raise ModelWakeError("state-dir: %s is not a directory (StateDirectory= creates it)" % options.state_dir)
+        # The unit's argv does not name the version (a run without inference_env would change the unit
+        # and restart the model): the venv the launcher runs in says it.
+        version = options.engine_version or installed_version(config.engine)
         memory = StartMemory(start_history.history_path(options.state_dir), options.name,
-                             config.model_path or config.model, engine=config.engine,
-                             engine_version=options.engine_version, model_bytes=config.expected_bytes,
+                             config.model_path or config.model, engine=config.engine, engine_version=version, model_bytes=config.expected_bytes,
                              gpus=config.gpus, writes="launcher")
     config, budgets = resolve_budgets(config, memory)
     return config, memory, budgets
