@@ -25,6 +25,9 @@ SERVICE_SUFFIX = ".service"
 # read nearly all of it did not. In between (or without the model's size) nobody can tell.
 WARM_BELOW = 0.5
 COLD_FROM = 0.9
+# A wait that began this long after its unit's start (systemd's InactiveExitTimestampMonotonic) still
+# saw the start from its beginning: `systemctl restart` returns, the play goes on to the wait.
+JOINED_AFTER = 60.0
 
 
 def unit_key(name):
@@ -48,7 +51,7 @@ class StartMemory(object):
     version (a status look, which does not know the venv), not an unknown one."""
 
     def __init__(self, path, unit, model, engine="auto", engine_version=None, model_bytes=None, gpus=None,
-                 writes=None, wall_clock=time.time, newest_version=False):
+                 writes=None, wall_clock=time.time, newest_version=False, monotonic=time.monotonic):
         self.path = path
         self.unit = unit_key(unit)
         self.model = model
@@ -57,6 +60,8 @@ class StartMemory(object):
         self.gpus = gpus
         self.writes = writes
         self.wall_clock = wall_clock
+        self.monotonic = monotonic  # the clock of systemd's *TimestampMonotonic (CLOCK_MONOTONIC)
+        self.from_beginning = None
         self.records = start_history.read_records(path)
         mine = [r for r in self.records if r.get("unit") == self.unit]
         self.last = mine[-1] if mine else None
@@ -71,16 +76,18 @@ class StartMemory(object):
         self.invocation = None
         self.launcher_runs_it = False
         self.recorded = False
+        self.slower_phases = []
 
     def budgets(self, default_stall, default_ready):
         return history.auto_budgets(self.comparable, default_stall, default_ready)
 
     def observe(self, t, snap, verdict):
         """After each look: annotate the verdict (in place) and sum the start up."""
+        unit = snap.unit or {}
         if self.first_phase is None:
             self.first_phase = verdict.phase
             self.started_at = self.wall_clock() - t
-        unit = snap.unit or {}
+            self.from_beginning = self._from_beginning(t, verdict, unit)
         if unit.get("InvocationID"):
             self.invocation = unit["InvocationID"]
         # A notify unit's main process is modelwake's launcher: it records its own starts.
@@ -90,13 +97,31 @@ class StartMemory(object):
             in_phase = max(0.0, t - verdict.since)
             verdict.usual = dict(self.usual)
             verdict.start_eta = history.whole_start_eta(self.usual, verdict.phase, in_phase, verdict.eta)
-            verdict.slower_than_usual = history.slower_than_usual(self.usual, verdict.phase, in_phase)
+            slower = history.slower_than_usual(self.usual, verdict.phase, in_phase)
+            if slower and verdict.phase not in self.slower_phases:
+                self.slower_phases.append(verdict.phase)
+            # While a phase runs late, and at the verdict when any phase of this start did.
+            verdict.slower_than_usual = slower or (verdict.phase not in history.TIMED_PHASES
+                                                   and bool(self.slower_phases))
+
+    def _from_beginning(self, t, verdict, unit):
+        """Whether the first look came at the start's beginning: before it (not started), or within
+        JOINED_AFTER of the unit's start; without the unit's start time, when it was still starting."""
+        if verdict.phase == NOT_STARTED:
+            return True
+        try:
+            unit_started = int(unit.get("InactiveExitTimestampMonotonic")) / 1e6
+        except (TypeError, ValueError):
+            unit_started = 0
+        if unit_started > 0:
+            wait_started = self.monotonic() - t
+            return wait_started - unit_started <= JOINED_AFTER
+        return verdict.phase == STARTING
 
     def _records_this_start(self):
         if self.writes == "launcher":
             return True
-        return (self.writes == "wait" and not self.launcher_runs_it
-                and self.first_phase in (NOT_STARTED, STARTING))
+        return self.writes == "wait" and not self.launcher_runs_it and bool(self.from_beginning)
 
     def end(self, verdict):
         """At the start's verdict (ready or terminal): add it to the record when this wait records it.
