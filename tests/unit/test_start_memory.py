@@ -9,6 +9,7 @@ import pytest
 from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import InputError, ModelWakeError
 from ansible_collections.modelwake.serving.plugins.module_utils.host import start_history
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.cli import build_launch_config, parse_args
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.start_record import said_at_start
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.textfile import prometheus_text
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness import history
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.config import build_config
@@ -221,6 +222,9 @@ def test_the_launcher_resolves_auto_budgets_before_the_engine_starts(tmp_path):
     assert options.extend_timeout == pytest.approx(cfg.stall_timeout + 2 * 5 + 30)
     assert options.budgets.startswith("auto budgets from 3 earlier start(s)")
     assert options.start_memory.writes == "launcher" and options.start_memory.usual["initializing"] == 300.0
+    # Said once in the journal: the budgets, and the whole start the earlier ones let it expect.
+    assert said_at_start(options) == [options.budgets, "earlier starts of this model (3): usual: starting 1m00s, "
+                                                       "loading 14m00s, initializing 5m00s | ~20m00s left"]
     off = parse_args(["--url", "http://127.0.0.1:30001", "--state-dir", str(tmp_path), "--no-start-history",
                       "--stall-timeout", "auto", "--", "true"])
     cfg = build_launch_config(off, {})

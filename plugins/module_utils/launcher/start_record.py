@@ -8,6 +8,8 @@ from importlib import metadata
 from ..common.errors import ModelWakeError
 from ..host import start_history
 from ..readiness.config import AUTO
+from ..readiness.history import usual_line
+from ..readiness.phases import NOT_STARTED
 from ..readiness.start_memory import StartMemory, resolve_budgets
 
 
@@ -46,3 +48,14 @@ def launch_memory(options, config):
                              gpus=config.gpus, writes="launcher")
     config, budgets = resolve_budgets(config, memory)
     return config, memory, budgets
+
+
+def said_at_start(options):
+    """What the launcher says once before the engine's first look: how the auto budgets were found,
+    and what the earlier starts of this model let it expect of the whole start."""
+    lines = [options.budgets] if getattr(options, "budgets", None) else []
+    memory = getattr(options, "start_memory", None)
+    if memory is not None and memory.usual:
+        lines.append("earlier starts of this model (%d): %s"
+                     % (len(memory.comparable), usual_line(memory.usual, NOT_STARTED, 0.0)))
+    return lines

@@ -17,6 +17,7 @@ from .exit_codes import EXIT_ENGINE_EXITED, EXIT_FAILED, EXIT_USAGE, VERDICT_EXI
 from .liveness import unresponsive_message, watchdog_liveness
 from .notify import Notifier, watchdog_interval
 from .reporter import STATUS_EVERY, Reporter
+from .start_record import said_at_start
 from .textfile import prometheus_text, write_textfile
 
 LOG_PREFIX = "modelwake: "
@@ -106,8 +107,8 @@ class Launcher(object):
             self.log("error: command: cannot start %s: %s" % (options.command[0], exc))
             return EXIT_FAILED
         self.log("engine started as pid %d: %s" % (self.engine.pid, " ".join(options.command)))
-        if getattr(options, "budgets", None):
-            self.log(options.budgets)  # the auto budgets' derivation, said once
+        for line in said_at_start(options):  # the auto budgets, the usual start: said once
+            self.log(line)
         try:
             return self._watch(notifier, config.for_started_server(self.engine.pid))
         except StopRequested:

@@ -199,4 +199,3 @@ def resolve_budgets(config, memory):
     if memory is None:
         said += " (the start history is off)"
     return dataclasses.replace(config, **changes), said
-
