@@ -60,7 +60,8 @@ def show(*properties):
 
 
 def journal_of(invocation):
-    return sh("journalctl -u %s _SYSTEMD_INVOCATION_ID=%s -o cat --no-pager" % (SERVICE, invocation))
+    assert invocation, "a start without its InvocationID"
+    return sh("journalctl _SYSTEMD_INVOCATION_ID=%s -o cat --no-pager" % invocation)
 
 
 def seconds(text):
@@ -161,7 +162,8 @@ def test_three_starts_teach_the_usual_and_the_third_knows_its_eta(guest):
     expected, truth = seconds(match.group(1)), third["verdict_after"]
     assert abs(expected - truth) <= 0.2 * truth, (expected, truth)
     # systemctl status said it too while the start ran.
-    assert any(" | usual: " in text and text.endswith(" left") for text in texts), texts
+    assert any(re.search(r" \| usual: starting \S+, loading \S+, initializing \S+ \| ~\S+ left", text)
+               for text in texts), texts
     # The fleet view: the status look shows the last start and the usual one.
     private = tempfile.mkdtemp(prefix="play-", dir=guest["tmp"])
     runner, events = run_playbook("playbooks/status.yml", private, [guest["inventory"]], None, timeout=300)
@@ -202,6 +204,6 @@ def test_auto_stall_declares_a_real_hang_sooner_than_the_default(guest):
     assert stall < 600, said
     assert "stalled: no progress for" in said, said
     # Declared within the derived budget (and its polls), long before the fixed default would.
-    assert took < stall + 60 < 600, (took, stall)
+    assert took < stall + 90 < 600, (took, stall)
     hung = [r for r in records() if r["invocation"] == invocation]
     assert hung and hung[0]["verdict"] == "stalled", records()

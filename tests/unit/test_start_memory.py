@@ -216,7 +216,8 @@ def test_the_launcher_resolves_auto_budgets_before_the_engine_starts(tmp_path):
                           "--timeout", "auto", "--", "true"])
     options.model_path = None  # the records name /models/k26 as the model; no weights needed here
     options.model = MODEL
-    cfg = build_launch_config(options, {})
+    cfg = build_launch_config(options, {"INVOCATION_ID": "4f1c"})
+    assert options.start_memory.invocation == "4f1c"  # systemd's id of this start: its record's key
     assert cfg.stall_timeout == pytest.approx(300 * 1.5 + 60) and cfg.timeout == pytest.approx(1200 * 2)
     # systemd's budget follows the derived stall (it is not given: the role leaves it to the launcher).
     assert options.extend_timeout == pytest.approx(cfg.stall_timeout + 2 * 5 + 30)

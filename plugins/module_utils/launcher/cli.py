@@ -111,7 +111,7 @@ def build_launch_config(options, environ):
         raise ModelWakeError("timeout: must be greater than 0 (the launcher always waits), got %s" % options.timeout)
     config = build_config(params, starts_server=True)
     # The record of the unit's starts: the usual figures, and the auto budgets resolved here, once.
-    config, options.start_memory, options.budgets = launch_memory(options, config)
+    config, options.start_memory, options.budgets = launch_memory(options, config, environ)
     # A spinning hang is declared at most a stack read later than a silent one.
     minimum = config.stall_timeout + config.stacks_interval + 2 * config.poll_interval
     if options.extend_timeout is None:

@@ -34,8 +34,9 @@ def installed_version(engine):
         return None
 
 
-def launch_memory(options, config):
-    """(config with its auto budgets resolved, the StartMemory or None, the budgets' derivation or None)."""
+def launch_memory(options, config, environ):
+    """(config with its auto budgets resolved, the StartMemory or None, the budgets' derivation or None).
+    systemd gives the launcher its start's InvocationID in $INVOCATION_ID: the key of its record."""
     memory = None
     if options.state_dir and not options.no_start_history:
         if not os.path.isdir(options.state_dir):
@@ -46,6 +47,7 @@ def launch_memory(options, config):
         memory = StartMemory(start_history.history_path(options.state_dir), options.name,
                              config.model_path or config.model, engine=config.engine, engine_version=version, model_bytes=config.expected_bytes,
                              gpus=config.gpus, writes="launcher")
+        memory.invocation = environ.get("INVOCATION_ID") or None
     config, budgets = resolve_budgets(config, memory)
     return config, memory, budgets
 

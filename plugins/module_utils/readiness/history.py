@@ -148,7 +148,7 @@ def auto_budgets(records, default_stall, default_ready):
     if not records:
         stall_words = "stall_timeout %s (default)" % duration(default_stall)
         ready_words = "ready_timeout %s (default)" % duration(default_ready)
-        source = "no earlier start of this model on this host, the defaults"
+        source = "with no earlier start of this model on this host, the defaults"
         return Budgets(default_stall, default_ready, "%s: %s, %s" % (source, stall_words, ready_words),
                        stall_words, ready_words, source)
     silences = [max(values) for values in _silences_per_record(records) if values]
