@@ -118,6 +118,8 @@ def guest(tmp_path_factory):
                     "modelwake_deploy_model": "hist", "modelwake_host_models": ["hist"],
                     "modelwake_gpus_required": True, "modelwake_demo_model_size_mib": 256,
                     "modelwake_demo_model_shards": 64, "model_service_poll_interval": 1,
+                    # Seven starts in a few minutes: above the role's default start limit.
+                    "model_service_start_limit_burst": 20,
                     "modelwake_models": {"hist": {
                         "engine": "sglang", "engine_package": "modelwake-sim", "engine_version": "0.1.0",
                         "unit": UNIT, "port": 30001, "model_path": "/srv/models/Kimi-K2.6-sim", "tp": 2,
