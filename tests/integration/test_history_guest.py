@@ -155,7 +155,9 @@ def test_three_starts_teach_the_usual_and_the_third_knows_its_eta(guest):
     third = kept[-1]
     assert third["invocation"] == invocation and third["verdict"] == "ready"
     assert [p["phase"] for p in third["phases"]] == ["starting", "loading", "initializing"], third
-    assert third["model_bytes"] == 256 * 1024 * 1024 and third["host"]["gpus"] == [0, 1]
+    # The weights' size (the launcher's --model-path), as the wait sizes it: every *.safetensors file.
+    weights = int(sh("cat /srv/models/Kimi-K2.6-sim/*.safetensors | wc -c"))
+    assert third["model_bytes"] == weights and third["host"]["gpus"] == [0, 1], third
     # Before its first look the launcher said what the earlier starts let it expect.
     said = journal_of(invocation)
     match = re.search(r"earlier starts of this model \(%d\): usual: starting \S+, loading \S+, initializing \S+ "
