@@ -28,8 +28,11 @@ import sys
 WAIT_ACTION = "wait_for_model_ready"
 # A look's keys a pipeline may want; the rest of the result (cost, internals) stays out.
 LOOK_KEYS = ("unit", "phase", "elapsed", "bytes_read", "read_rate", "fraction", "eta", "shards", "gpu",
-             "log_line", "where", "stacks", "stacks_unavailable", "since", "last_progress", "source")
-VERDICT_KEYS = ("unit", "phase", "elapsed", "msg", "phases", "evidence", "where", "stacks", "restarts", "pid", "hold")
+             "log_line", "where", "stacks", "stacks_unavailable", "since", "last_progress", "source",
+             "usual", "start_eta", "slower_than_usual")
+# usual, start_eta, slower_than_usual, last_start, budgets: the host's record of earlier starts (docs/operating.md).
+VERDICT_KEYS = ("unit", "phase", "elapsed", "msg", "phases", "evidence", "where", "stacks", "restarts", "pid", "hold",
+                "usual", "start_eta", "slower_than_usual", "last_start", "budgets")
 TASK_END = {"runner_on_ok": "ok", "runner_on_failed": "failed", "runner_on_skipped": "skipped",
             "runner_on_unreachable": "unreachable"}
 ITEM_END = {"runner_item_on_ok": "ok", "runner_item_on_failed": "failed"}

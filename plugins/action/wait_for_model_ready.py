@@ -36,6 +36,7 @@ from ansible_collections.modelwake.serving.plugins.module_utils.common.formattin
 from ansible_collections.modelwake.serving.plugins.module_utils.common.units import MIB
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.follow import (
     CLEANUP_COMMAND, FOLLOW_COMMAND, parse_read)
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.history import usual_line
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.status import source_words
 
 display = Display()
@@ -77,6 +78,10 @@ def progress_line(host, result, info):
         parts.append(text)
     if result.get("where"):
         parts.append(result["where"])  # the ranks' stacks, read during a silent phase
+    if result.get("usual"):
+        # The host's earlier starts: `usual: loading 16m00s, initializing 11m00s | ~2m00s left`.
+        in_phase = max(0.0, (result.get("elapsed") or 0) - (result.get("since") or 0))
+        parts.append(usual_line(result["usual"], result.get("phase"), in_phase, result.get("eta")))
     if info.get("log_line"):
         parts.append("log: %s" % info["log_line"])
     return "wait_for_model_ready [%s]: %s" % (host, " | ".join(parts))
@@ -200,6 +205,7 @@ class ActionModule(ActionBase):
         job = "modelwake-wait-%s" % follow.get("pid")
         line = None
         done = False
+        budgets_said = False
         try:
             while True:
                 answer = self._low_level_execute_command(read, sudoable=True)
@@ -215,6 +221,10 @@ class ActionModule(ActionBase):
                     break
                 if not data:
                     continue
+                if not budgets_said and (data.get("info") or {}).get("budgets"):
+                    # The auto budgets' derivation: once, at the start of the wait.
+                    budgets_said = True
+                    display.display("wait_for_model_ready [%s]: %s" % (host, data["info"]["budgets"]), stderr=to_stderr)
                 if self._task.no_log:
                     # The log line and the numbers are part of the result no_log hides.
                     line = "wait_for_model_ready [%s]: waiting, %s (details hidden: no_log)" % (

@@ -69,8 +69,9 @@ CATALOG = {
     "api_key": {"type": "str"},
     "limits": {"type": "dict"},
     "nodes_group": {"type": "str"},
-    "ready_timeout": {"type": "int"},
-    "stall_timeout": {"type": "int"},
+    # Seconds, or auto: from the host's record of earlier starts (docs/operating.md, "Start history").
+    "ready_timeout": {"type": "str", "seconds_or_auto": True},
+    "stall_timeout": {"type": "str", "seconds_or_auto": True},
     "expected_load_seconds": {"type": "int"},
 }
 TYPE_NAMES = {"str": "a string", "int": "an integer", "bool": "true or false", "list": "a list",
@@ -107,7 +108,10 @@ def entry_problems(entry, name):
                 problems.append("%s.%s is required (%s)" % (where, key, TYPE_NAMES[spec["type"]]))
             continue
         value = entry[key]
-        if not _is(spec["type"], value):
+        if spec.get("seconds_or_auto"):
+            if not (_is("int", value) or value == "auto"):
+                problems.append("%s.%s must be an integer (seconds) or auto, got %r" % (where, key, value))
+        elif not _is(spec["type"], value):
             problems.append("%s.%s must be %s, got %r" % (where, key, TYPE_NAMES[spec["type"]], value))
         elif spec.get("elements") and not all(_is(spec["elements"], item) for item in value):
             problems.append("%s.%s must be a list of %ss, got %r" % (where, key, spec["elements"], value))

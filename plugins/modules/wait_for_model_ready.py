@@ -77,12 +77,17 @@ options:
   timeout:
     description:
       - Overall deadline in seconds. C(0) looks once and returns the current phase without failing.
-    type: int
+      - C(auto) derives it from the host's record of earlier starts of this model (see I(history)) - the
+        longest whole start seen (outliers left out) x 2, at least 600 s; without a record, 3600. The
+        derivation is said once, at the wait's start, and returned as RV(budgets).
+    type: raw
     default: 3600
   stall_timeout:
     description:
       - Seconds without progress on any signal after which the start counts as C(stalled).
-    type: int
+      - C(auto) derives it from the host's record of earlier starts of this model - the longest
+        silence seen inside a phase (outliers left out) x 1.5 + 60 s, at least 120 s; without a record, 600.
+    type: raw
     default: 600
   poll_interval:
     description:
@@ -172,6 +177,24 @@ options:
       - The unit's maintenance hold (C(/etc/modelwake/hold/<unit>.json), written by C(playbooks/hold.yml)).
         The look reports it as I(hold); it changes nothing in the wait or its verdict.
     type: path
+  engine_version:
+    description:
+      - The engine's version, as the host's record of starts keeps it - earlier starts count as usual
+        only with the same unit, model and engine version. Default is the version of the unit's
+        newest record.
+    type: str
+  history:
+    description:
+      - The host's record of this unit's starts (one JSON line per start, docs/operating.md "Start
+        history") - the usual phase durations, the whole start's ETA, "slower than usual" and the
+        C(auto) budgets come from it.
+      - C(auto) is C(/var/lib/modelwake/<unit>/starts.jsonl) with I(unit) (none with I(pid)); C(off)
+        reads and writes none; an absolute path names the file (its directory must exist).
+      - The wait adds the start it watched to the record only where no modelwake launcher runs the
+        server (whose launcher records its own starts), only when it saw the start from its beginning,
+        and only once per start (systemd's InvocationID).
+    type: str
+    default: auto
   _follow:
     description:
       - Internal; set only by this module's action plugin, which prints progress while it waits. The
@@ -366,6 +389,38 @@ stacks_unavailable:
   returned: always
   type: str
   sample: "py-spy is not installed (looked next to the engine's interpreter (/opt/modelwake/venv/bin) and on PATH)"
+usual:
+  description:
+    - The usual duration in seconds of each phase (C(starting), C(loading), C(initializing)), medians of
+      the host's latest earlier starts of this unit, model and engine version that became ready; null
+      without any.
+  returned: always
+  type: dict
+  sample: {"starting": 20.0, "loading": 960.0, "initializing": 660.0}
+start_eta:
+  description: Seconds until the whole start is ready, from the usual durations (the byte-based RV(eta) while loading), or null.
+  returned: always
+  type: float
+  sample: 120.0
+slower_than_usual:
+  description: The current phase has run past 1.5 x its usual duration (said, not a failure).
+  returned: always
+  type: bool
+  sample: false
+last_start:
+  description:
+    - The unit's newest recorded start (this one, once recorded) - C(started_at) (seconds since the
+      epoch), C(verdict), C(verdict_after) (seconds), C(engine_version), C(phases) (seconds each) and
+      C(page_cache) (C(warm), C(cold) or null); null without a record.
+  returned: when the start history is on
+  type: dict
+  sample: {"started_at": 1764892800.0, "verdict": "ready", "verdict_after": 1640.0, "engine_version": "0.5.4",
+           "phases": {"starting": 20.0, "loading": 960.0, "initializing": 660.0}, "page_cache": "cold"}
+budgets:
+  description: How the C(auto) budgets were found, in one line.
+  returned: when stall_timeout or timeout is auto
+  type: str
+  sample: "auto budgets from 3 earlier start(s): stall_timeout 11m00s (longest silence 6m40s x1.5 + 60s)"
 source:
   description:
     - Where the weights come from while they arrive other than from the local disk, during
@@ -386,6 +441,8 @@ from ansible_collections.modelwake.serving.plugins.module_utils.common.errors im
 from ansible_collections.modelwake.serving.plugins.module_utils.host.hold import read_hold
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.probe import HostProbe
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness import follow
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.start_memory import (
+    module_memory, resolve_budgets)
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.waiter import wait_for_ready
 
 ARGUMENT_SPEC = dict(
@@ -397,8 +454,8 @@ ARGUMENT_SPEC = dict(
     ready_check=dict(type="str", choices=["completion", "health", "models"], default="completion"),
     model=dict(type="str"),
     api_key=dict(type="str", no_log=True),
-    timeout=dict(type="int", default=3600),
-    stall_timeout=dict(type="int", default=600),
+    timeout=dict(type="raw", default=3600),
+    stall_timeout=dict(type="raw", default=600),
     poll_interval=dict(type="float", default=5),
     completion_timeout=dict(type="int", default=30),
     model_path=dict(type="path"),
@@ -411,6 +468,8 @@ ARGUMENT_SPEC = dict(
                                                           address=dict(type="str", required=True))),
     peer_port=dict(type="int"),
     hold_file=dict(type="path"),
+    engine_version=dict(type="str"),
+    history=dict(type="str", default="auto"),
 )
 
 # Set only by the action plugin of the same name (plugins/action/wait_for_model_ready.py), which
@@ -435,11 +494,16 @@ def main():
         module.params["timeout"] = 0
     try:
         config = build_config(module.params)
+        memory = module_memory(config, module.params["history"], module.params["engine_version"])
+        config, budgets = resolve_budgets(config, memory)
         probe = HostProbe(config)
         if follow_options and config.timeout:
             # Checked input, a probe that found the server: the rest of the wait runs detached.
-            module.exit_json(changed=False, _follow=follow.start(config, probe, follow_options["interval"]))
-        result = wait_for_ready(config, probe)
+            module.exit_json(changed=False, _follow=follow.start(config, probe, follow_options["interval"],
+                                                                 memory=memory, budgets=budgets))
+        result = wait_for_ready(config, probe, memory=memory)
+        if budgets:
+            result["budgets"] = budgets
     except ModelWakeError as exc:
         module.fail_json(msg=str(exc), phase="failed", elapsed=getattr(exc, "elapsed", 0))
     # Through warn(): passing `warnings` to exit_json is deprecated in ansible-core 2.19.

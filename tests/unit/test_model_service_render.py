@@ -132,6 +132,10 @@ def rendered(tmp_path_factory):
                    "model_service_launcher": True,
                    "model_service_extra_args": ["--note", "50% of $HOME \"q\"", "--x", "%h"],
                    "model_service_limits": {"LimitMEMLOCK": "infinity"}},
+        # Budgets from the start history, which is then turned off: auto resolves to the defaults.
+        "autobudgets": {"model_service_engine": "vllm", "model_service_unit": "vllm-auto", "model_service_model_path": k26,
+                        "model_service_launcher": True, "model_service_stall_timeout": "auto",
+                        "model_service_ready_timeout": "auto", "model_service_start_history": False},
         "metricsoff": {"model_service_engine": "sglang", "model_service_unit": "sglang-quiet",
                        "model_service_model_path": k26, "model_service_launcher": True,
                        "model_service_engine_metrics": False, "model_service_expected_load_seconds": 930,
@@ -391,3 +395,20 @@ def test_bad_input_fails_clearly_and_writes_nothing(tmp_path, bad, message):
     assert " ".join(message.split()) in " ".join(proc.stdout.split()), proc.stdout
     assert not os.path.exists(os.path.join(str(root), "bad"))
     assert SECRET not in proc.stdout  # a refused webhook URL is named, never shown
+
+
+def test_every_unit_keeps_its_start_history_in_a_state_directory(rendered):
+    for host, unit_name in (("sglang", "sglang-k26"), ("notify", "vllm-notify"), ("autobudgets", "vllm-auto")):
+        assert directive(read(rendered, host, "unit.service"), "StateDirectory") == ["modelwake/" + unit_name]
+
+
+def test_auto_budgets_are_left_to_the_launcher(rendered):
+    unit = read(rendered, "autobudgets", "unit.service")
+    line = exec_start(unit)
+    assert " --timeout auto --stall-timeout auto " in line
+    # The launcher finds the stall budget at its start and grants it with its first EXTEND_TIMEOUT_USEC:
+    # the unit starts with the default's (600 + 2 polls + 30), and no fixed --extend-timeout caps it.
+    assert "--extend-timeout" not in line and directive(unit, "TimeoutStartSec") == ["640"]
+    assert " --poll-interval 5 --state-dir /var/lib/modelwake/vllm-auto --no-start-history --stop-timeout " in line
+    # vLLM's own deadline cannot know the auto budget: it stays out of the way.
+    assert "VLLM_ENGINE_READY_TIMEOUT_S=86400" in directive(unit, "Environment")

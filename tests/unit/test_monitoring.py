@@ -43,11 +43,17 @@ class Snap(object):
     errors = []
 
 
-def reported(tmp_path, verdict):
+# What the start history gives the textfile (StartMemory.metrics): the last start's phases, the totals.
+STARTS = {"last": {"starting": 20.0, "loading": 960.0, "initializing": 660.0},
+          "totals": {"starting": {"sum": 60.0, "count": 3}, "loading": {"sum": 2900.0, "count": 3},
+                     "initializing": {"sum": 2000.0, "count": 3}}}
+
+
+def reported(tmp_path, verdict, starts=None, name=None):
     """What the launcher's Reporter writes to its textfile after a look that gave `verdict`."""
-    path = tmp_path / ("%s.prom" % verdict.phase)
+    path = tmp_path / ("%s.prom" % (name or verdict.phase))
     reporter = Reporter(Notifier({}), clock=lambda: 100.0, extend_seconds=640, name=UNIT, textfile=str(path),
-                        wall_clock=lambda: WALL_START, expected_load=930.0)
+                        wall_clock=lambda: WALL_START, expected_load=930.0, starts=lambda: starts)
     reporter.on_snapshot(Snap(), verdict)
     return path.read_text()
 
@@ -66,11 +72,17 @@ def families(text):
     return dict(line.split()[2:4] for line in text.splitlines() if line.startswith("# TYPE "))
 
 
+def family_of(series, known):
+    """The family a series name belongs to: a summary's _sum and _count are its own."""
+    base = re.sub(r"_(sum|count)$", "", series)
+    return base if known.get(base) == "summary" else series
+
+
 def all_families():
-    """Every family the launcher can write: a verdict with every number known, an expected load time, and
-    the record of failed starts."""
-    verdict = Verdict(phase="loading", msg="", bytes_read=1, fraction=0.5, eta=1.0, since=1.0)
-    return families(prometheus_text(UNIT, verdict, WALL_START, expected_load=1.0, failed_starts=(1, 0)))
+    """Every family the launcher can write: a verdict with every number known, an expected load time, the
+    record of failed starts and the start history."""
+    verdict = Verdict(phase="loading", msg="", bytes_read=1, fraction=0.5, eta=1.0, since=1.0, start_eta=2.0)
+    return families(prometheus_text(UNIT, verdict, WALL_START, expected_load=1.0, failed_starts=(1, 0), starts=STARTS))
 
 
 def textfiles(tmp_path):
@@ -79,6 +91,9 @@ def textfiles(tmp_path):
         "loading": reported(tmp_path, Verdict(phase="loading", msg="loading", since=12.0, bytes_read=1288490188,
                                               read_rate=429496729.6, fraction=0.45, eta=372.0,
                                               last_progress=progress)),
+        "initializing with history": reported(tmp_path, Verdict(
+            phase="initializing", msg="initializing", since=980.0, start_eta=120.0, usual=STARTS["last"]),
+            starts=STARTS, name="history"),
         "ready": reported(tmp_path, Verdict(phase="ready", msg="ready after 843 s", since=843.0,
                                             bytes_read=2863311530, fraction=1.0)),
         "failed": reported(tmp_path, Verdict(phase=FAILED, msg="failed: exit status 1", terminal=True, since=90.5,
@@ -102,7 +117,9 @@ def test_the_textfile_keeps_prometheus_conventions_and_dates_the_phase(tmp_path)
         "modelwake_phase": "gauge", "modelwake_phase_start_timestamp_seconds": "gauge",
         "modelwake_read_bytes_total": "counter", "modelwake_load_ratio": "gauge",
         "modelwake_load_eta_seconds": "gauge", "modelwake_load_expected_seconds": "gauge",
-        "modelwake_failed_starts_total": "counter", "modelwake_crash_loop": "gauge"}
+        "modelwake_failed_starts_total": "counter", "modelwake_crash_loop": "gauge",
+        "modelwake_start_eta_seconds": "gauge", "modelwake_last_start_phase_seconds": "gauge",
+        "modelwake_start_phase_duration_seconds": "summary"}
     loading = texts["loading"].splitlines()
     assert 'modelwake_phase{name="%s",phase="loading"} 1' % UNIT in loading
     assert sum(1 for line in loading if line.startswith("modelwake_phase{") and line.endswith(" 1")) == 1
@@ -119,6 +136,13 @@ def test_the_textfile_keeps_prometheus_conventions_and_dates_the_phase(tmp_path)
     assert "modelwake_failed_starts_total" not in texts["failed"]
     assert 'modelwake_failed_starts_total{name="%s"} 3' % UNIT in texts["crash loop"].splitlines()
     assert 'modelwake_crash_loop{name="%s"} 1' % UNIT in texts["crash loop"].splitlines()
+    # With the host's earlier starts: the whole start's ETA, the last start's phases, the cumulative summary.
+    history = texts["initializing with history"].splitlines()
+    assert 'modelwake_start_eta_seconds{name="%s"} 120.0' % UNIT in history
+    assert 'modelwake_last_start_phase_seconds{name="%s",phase="loading"} 960.0' % UNIT in history
+    assert 'modelwake_start_phase_duration_seconds_sum{name="%s",phase="initializing"} 2000.0' % UNIT in history
+    assert 'modelwake_start_phase_duration_seconds_count{name="%s",phase="initializing"} 3' % UNIT in history
+    assert "modelwake_start" not in texts["loading"] and "modelwake_last_start" not in texts["loading"]
 
 
 # -- the alert rules ------------------------------------------------------------------------------
@@ -190,7 +214,8 @@ def test_the_dashboard_shows_the_phases_next_to_the_engines_and_only_metrics_tha
     ids = [panel["id"] for panel in board["panels"]]
     assert len(ids) == len(set(ids))
     used = set(name for _title, expr in expressions(board) for name in METRIC.findall(expr))
-    assert set(name for name in used if name.startswith("modelwake_")) == set(all_families())
+    known = all_families()
+    assert set(family_of(name, known) for name in used if name.startswith("modelwake_")) == set(known)
     assert {"sglang:num_running_reqs", "sglang:gen_throughput", "vllm:num_requests_running"} <= used
     # The phase over time: a state timeline whose values are mapped to every phase's name.
     timeline = [panel for panel in panels if panel["type"] == "state-timeline"]

@@ -6,7 +6,7 @@ from ..common.errors import ModelWakeError
 
 PROPERTIES = ("ActiveState", "SubState", "MainPID", "NRestarts", "ExecMainStatus", "ExecMainCode",
               "Result", "StatusText", "Type", "LoadState", "InvocationID", "ControlGroup",
-              "CPUUsageNSec", "IOReadBytes")
+              "CPUUsageNSec", "IOReadBytes", "InactiveExitTimestampMonotonic")
 INT_PROPERTIES = ("MainPID", "NRestarts", "ExecMainStatus", "ExecMainCode")
 CLD_EXITED = 1  # ExecMainCode of a main process that exited (ExecMainStatus is then its exit status, not a signal)
 

@@ -9,6 +9,7 @@ from ..readiness.config import build_config
 from .exit_codes import EXIT_CRASH_LOOP
 from .liveness import LIVENESS_CHECKS
 from .notify import watchdog_interval
+from .start_record import launch_memory, seconds_or_auto
 
 # The launcher's own key variable: removed from the engine's environment (the engine reads its own).
 API_KEY_ENV = "MODELWAKE_LAUNCHER_API_KEY"
@@ -27,8 +28,10 @@ def parse_args(argv):
     parser.add_argument("--model", default=None, help="model name for the completion (default: first of /v1/models)")
     parser.add_argument("--model-path", default=None, help="model directory: size of the weights, for the fraction and ETA")
     parser.add_argument("--gpus", default=None, help="GPU indices to watch, comma-separated (default: all)")
-    parser.add_argument("--timeout", type=float, default=86400, help="overall deadline in seconds (default 86400)")
-    parser.add_argument("--stall-timeout", type=float, default=600, help="no progress this long = stalled (default 600)")
+    parser.add_argument("--timeout", type=seconds_or_auto, default=86400,
+                        help="overall deadline in seconds, or auto: from the unit's earlier starts (default 86400)")
+    parser.add_argument("--stall-timeout", type=seconds_or_auto, default=600,
+                        help="no progress this long = stalled, or auto: from the unit's earlier starts (default 600)")
     parser.add_argument("--poll-interval", type=float, default=5, help="seconds between looks (default 5)")
     parser.add_argument("--py-spy", default="auto",
                         help="py-spy for the ranks' stacks during silent phases: auto (next to the engine's "
@@ -79,6 +82,10 @@ def parse_args(argv):
     parser.add_argument("--gpu-release-timeout", type=float, default=150,
                         help="seconds a stopped instance's GPU memory may take to be released before the start "
                              "fails naming its holders (with --gpu-turns; default 150)")
+    parser.add_argument("--engine-version", default=None,
+                        help="the engine's version, kept with each start: another version starts a new set of usual figures")
+    parser.add_argument("--no-start-history", action="store_true",
+                        help="neither read nor write the record of starts in --state-dir")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the engine command and its arguments")
     options = parser.parse_args(argv)
     command = options.command[1:] if options.command[:1] == ["--"] else options.command
@@ -120,9 +127,11 @@ def build_launch_config(options, environ):
         "py_spy": options.py_spy, "stacks_interval": options.stacks_interval,
         "peers": _peers(options.peer), "peer_port": options.peer_port,
     }
-    if options.timeout <= 0:
+    if options.timeout != "auto" and options.timeout <= 0:
         raise ModelWakeError("timeout: must be greater than 0 (the launcher always waits), got %s" % options.timeout)
     config = build_config(params, starts_server=True)
+    # The record of the unit's starts: the usual figures, and the auto budgets resolved here, once.
+    config, options.start_memory, options.budgets = launch_memory(options, config, environ)
     # A spinning hang is declared at most a stack read later than a silent one.
     minimum = config.stall_timeout + config.stacks_interval + 2 * config.poll_interval
     if options.extend_timeout is None:

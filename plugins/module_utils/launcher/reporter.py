@@ -15,7 +15,7 @@ class Reporter(object):
     date the phases for Prometheus: a later jump of the wall clock moves no phase."""
 
     def __init__(self, notifier, clock, extend_seconds, name="model", textfile=None, log=None,
-                 status_every=STATUS_EVERY, wall_clock=time.time, expected_load=None, failed_starts=None):
+                 status_every=STATUS_EVERY, wall_clock=time.time, expected_load=None, failed_starts=None, starts=None):
         self.notifier = notifier
         self.clock = clock
         self.extend_seconds = extend_seconds
@@ -23,6 +23,8 @@ class Reporter(object):
         self.textfile = textfile
         self.expected_load = expected_load
         self.failed_starts = failed_starts or (lambda: None)  # the crash-loop guard's metrics()
+        # () -> the start history's metrics (StartMemory.metrics) or None: the textfile's start durations.
+        self.starts = starts or (lambda: None)
         self.log = log or (lambda text: None)
         self.status_every = status_every
         self.start = clock()
@@ -70,4 +72,5 @@ class Reporter(object):
             # verdict.since counts from the wait's start, which is this reporter's start.
             text = prometheus_text(self.name, verdict, self.wall_start + verdict.since, self.expected_load,
                                    self.failed_starts())
+                                   starts=self.starts())
             self._say_once(write_textfile(self.textfile, text))

@@ -21,6 +21,7 @@ from .gpu_turns import GpuTurnError, GpuTurns
 from .liveness import unresponsive_message, watchdog_liveness
 from .notify import Notifier, watchdog_interval
 from .reporter import STATUS_EVERY, Reporter
+from .start_record import said_at_start
 from .textfile import prometheus_text, write_textfile
 
 LOG_PREFIX = "modelwake: "
@@ -80,10 +81,15 @@ class Launcher(object):
         """The last word for node_exporter when no look follows (stopped, exited after ready, gave up)."""
         if self.options.textfile:
             text = prometheus_text(self.options.name, verdict or Verdict(phase, msg), self.wall_clock(),
-                                   self.options.expected_load_seconds, self.crash_loop.metrics())
+                                   self.options.expected_load_seconds, self.crash_loop.metrics(),
+                                   starts=self._start_metrics())
             error = write_textfile(self.options.textfile, text)
             if error:
                 self.log(error)
+
+    def _start_metrics(self):
+        memory = getattr(self.options, "start_memory", None)
+        return memory.metrics() if memory is not None else None
 
     def _stop(self, notifier):
         name = signal.Signals(self.stop_signal).name
@@ -123,6 +129,8 @@ class Launcher(object):
             self.log(message)
             return self.crash_loop.failed(message, [], EXIT_FAILED)
         self.log("engine started as pid %d: %s" % (self.engine.pid, " ".join(options.command)))
+        for line in said_at_start(options):  # the auto budgets, the usual start: said once
+            self.log(line)
         try:
             code = self._watch(notifier, config.for_started_server(self.engine.pid))
             # A unit under a maintenance hold is not restarted by Restart= (launcher/hold.py).
@@ -159,13 +167,15 @@ class Launcher(object):
         reporter = self.reporter = Reporter(notifier, self.clock, options.extend_timeout, name=options.name,
                                             textfile=options.textfile, log=self.log, wall_clock=self.wall_clock,
                                             expected_load=options.expected_load_seconds,
-                                            failed_starts=self.crash_loop.metrics)
+                                            failed_starts=self.crash_loop.metrics,
+                                            starts=self._start_metrics)
 
         def on_snapshot(snap, verdict):
             engine.remember_tree()
             reporter.on_snapshot(snap, verdict)
 
-        result = wait_for_ready(config, probe, clock=self.clock, sleep=self._sleep, on_snapshot=on_snapshot)
+        result = wait_for_ready(config, probe, clock=self.clock, sleep=self._sleep, on_snapshot=on_snapshot,
+                                memory=getattr(options, "start_memory", None))
         if self.turns is not None:
             self.turns.release()  # the verdict is in: the next start on these GPUs may go
         for warning in result.get("warnings", []):

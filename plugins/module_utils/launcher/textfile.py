@@ -13,13 +13,14 @@ def _label(value):
     return str(value).replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
 
 
-def prometheus_text(name, verdict, phase_started, expected_load=None, failed_starts=None):
+def prometheus_text(name, verdict, phase_started, expected_load=None, failed_starts=None, starts=None):
     """node_exporter textfile-collector metrics for one verdict of the unit `name` (its full name,
     e.g. sglang-k26.service). phase_started: when the current phase began, wall-clock seconds since
     the epoch; expected_load: the expected load time in seconds, or None. A value still unknown
     (no bytes read yet, no ETA) is left out rather than written as 0. failed_starts: (failed starts
     ever, 1 when the launcher stopped a crash loop else 0) from launcher/crash_loop.py, None when the
-    unit keeps no record."""
+    unit keeps no record. starts: the start history's metrics (readiness/start_memory.py
+    StartMemory.metrics: the last start's phases, the totals)."""
     labels = 'name="%s"' % _label(name)
     lines = ["# HELP modelwake_phase Start-up phase of the model server: 1 for the current one, 0 for the others.",
              "# TYPE modelwake_phase gauge"]
@@ -34,6 +35,9 @@ def prometheus_text(name, verdict, phase_started, expected_load=None, failed_sta
         ("modelwake_load_eta_seconds", "gauge", "Estimated seconds until loading ends.", verdict.eta),
         ("modelwake_load_expected_seconds", "gauge",
          "Expected load time in seconds (the GPU preflight's estimate or the operator's).", expected_load),
+        ("modelwake_start_eta_seconds", "gauge",
+         "Estimated seconds until the whole start is ready, from the host's earlier starts.",
+         getattr(verdict, "start_eta", None)),
     ]
     if failed_starts is not None:
         families += [
@@ -46,7 +50,28 @@ def prometheus_text(name, verdict, phase_started, expected_load=None, failed_sta
         if value is not None:
             lines += ["# HELP %s %s" % (metric, text), "# TYPE %s %s" % (metric, kind),
                       "%s{%s} %s" % (metric, labels, value)]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + start_lines(labels, starts)) + "\n"
+
+
+def start_lines(labels, starts):
+    """The start history's families: each phase's duration in the last recorded start (a gauge: a
+    panel of it over time shows the phases of the last starts), and a summary of every recorded
+    start's phases, cumulative (kept in the record, so it never drops)."""
+    if not starts:
+        return []
+    lines = []
+    if starts.get("last"):
+        lines += ["# HELP modelwake_last_start_phase_seconds Duration of each phase of the unit's last recorded start.",
+                  "# TYPE modelwake_last_start_phase_seconds gauge"]
+        lines += ['modelwake_last_start_phase_seconds{%s,phase="%s"} %s' % (labels, phase, value)
+                  for phase, value in sorted(starts["last"].items())]
+    if starts.get("totals"):
+        lines += ["# HELP modelwake_start_phase_duration_seconds Durations of the start-up phases of the unit's starts.",
+                  "# TYPE modelwake_start_phase_duration_seconds summary"]
+        for phase, total in sorted(starts["totals"].items()):
+            lines += ['modelwake_start_phase_duration_seconds_sum{%s,phase="%s"} %s' % (labels, phase, total["sum"]),
+                      'modelwake_start_phase_duration_seconds_count{%s,phase="%s"} %d' % (labels, phase, total["count"])]
+    return lines
 
 
 def write_textfile(path, text):

@@ -16,6 +16,11 @@ ENGINES = ("sglang", "vllm", "auto")
 READY_CHECKS = ("completion", "health", "models")
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
 UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\@-]+$")
+# stall_timeout and timeout may be `auto`: derived from the host's record of earlier starts when the
+# wait begins (readiness/start_memory.py resolve_budgets); these defaults stand until then.
+AUTO = "auto"
+DEFAULT_TIMEOUT = 3600
+DEFAULT_STALL_TIMEOUT = 600
 
 
 @dataclasses.dataclass
@@ -58,6 +63,9 @@ class WaitConfig(object):
     # connections close has left the group; one never seen has not joined it.
     peers: Optional[Dict[str, List[str]]] = None
     peer_port: Optional[int] = None
+    # `auto` budgets not resolved yet (start_memory.resolve_budgets): stall_timeout / timeout hold the defaults.
+    stall_timeout_auto: bool = False
+    timeout_auto: bool = False
 
     def for_started_server(self, pid):
         """This config for the server the caller has just started as `pid` (the launcher's engine):
@@ -93,6 +101,22 @@ def _number(params, name, minimum, strict=False):
     if value < minimum:
         raise InputError(name, "must be %s or more, got %s" % (minimum, value))
     return value
+
+
+def _seconds_or_auto(params, name, minimum, default, strict=False):
+    """(seconds, is_auto) of a budget that may be `auto`; a number may come as text (templated)."""
+    value = params.get(name)
+    if value is None:
+        return default, False
+    if isinstance(value, str):
+        if value.strip() == AUTO:
+            return default, True
+        try:
+            value = float(value)
+        except ValueError:
+            raise InputError(name, "must be a number of seconds or auto, got %r" % value)
+        value = int(value) if value.is_integer() else value
+    return _number({name: value}, name, minimum, strict=strict), False
 
 
 def _peers(peers, peer_port):
@@ -150,6 +174,8 @@ def build_config(params, proc_root="/proc", starts_server=False):
         if not os.path.exists(os.path.join(proc_root, str(pid))):
             raise InputError("pid", "no process with pid %d is running on this host; give the "
                                     "server's current pid or use unit" % pid)
+    timeout, timeout_auto = _seconds_or_auto(params, "timeout", 0, DEFAULT_TIMEOUT)
+    stall_timeout, stall_timeout_auto = _seconds_or_auto(params, "stall_timeout", 0, DEFAULT_STALL_TIMEOUT, strict=True)
     config = WaitConfig(
         url=url,
         engine=params.get("engine") or "auto",
@@ -160,8 +186,10 @@ def build_config(params, proc_root="/proc", starts_server=False):
         ready_check=params.get("ready_check") or "completion",
         model=params.get("model"),
         api_key=params.get("api_key"),
-        timeout=_number(params, "timeout", 0) if params.get("timeout") is not None else 3600,
-        stall_timeout=_number(params, "stall_timeout", 0, strict=True) or 600,
+        timeout=timeout,
+        timeout_auto=timeout_auto,
+        stall_timeout=stall_timeout,
+        stall_timeout_auto=stall_timeout_auto,
         poll_interval=_number(params, "poll_interval", 0, strict=True) or 5,
         model_path=params.get("model_path"),
         expected_bytes=_number(params, "expected_bytes", 0),

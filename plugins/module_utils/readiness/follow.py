@@ -69,8 +69,9 @@ class Progress(object):
     """What the controller's progress line needs beyond a look's verdict: the engine's latest log line,
     the expected bytes, the GPUs' total memory. Fed by wait_for_ready's on_snapshot."""
 
-    def __init__(self, config, start, clock):
+    def __init__(self, config, start, clock, budgets=None):
         self.config = config
+        self.budgets = budgets
         self.start = start
         self.clock = clock
         self.log_line = None
@@ -86,6 +87,8 @@ class Progress(object):
         totals = [g.get("memory_total_mib") for g in snap.gpus]
         self.info = {"log_line": self.log_line, "expected_bytes": self.config.expected_bytes,
                      "gpu_total_mib": sum(totals) if totals and None not in totals else None}
+        if self.budgets:
+            self.info["budgets"] = self.budgets  # the auto budgets' derivation: the controller says it once
         self.result = verdict.to_dict()
         del self.result["terminal"]
         self.result.update(elapsed=int(round(self.clock() - self.start)), failed=False)
@@ -109,11 +112,11 @@ class ControllerGone(Exception):
     ModelWakeError: it is not reported to anyone but the file nobody reads any more."""
 
 
-def start(config, probe, interval, clock=time.monotonic, lease_seconds=None):
+def start(config, probe, interval, clock=time.monotonic, lease_seconds=None, memory=None, budgets=None):
     """Start the wait in a detached process; return {"path", "fifo", "pid", "boot_id"} for the
     controller. `probe` is built (the input is checked) before this is called. The wait ends by
     itself when no read came for `lease_seconds` (default: LEASE_READS intervals, at least
-    LEASE_MIN_SECONDS)."""
+    LEASE_MIN_SECONDS). memory and budgets: the start history's (wait_for_ready's and the result's)."""
     lease = lease_seconds or max(LEASE_MIN_SECONDS, LEASE_READS * interval)
     directory = state_dir()
     fd, path = tempfile.mkstemp(prefix=STATE_PREFIX, suffix=".json", dir=directory)
@@ -138,7 +141,7 @@ def start(config, probe, interval, clock=time.monotonic, lease_seconds=None):
             os.write(ready_write, str(os.getpid()).encode())
             os.close(ready_write)
             _detach()
-            _run(config, probe, path, fifo, boot, began, lease, clock, startup_cpu_s)
+            _run(config, probe, path, fifo, boot, began, lease, clock, startup_cpu_s, memory, budgets)
         finally:
             os._exit(0)
     os.close(ready_write)
@@ -167,10 +170,10 @@ def cost_report(probe, looks, startup_cpu_s):
             "programs_cpu_s": round(children.ru_utime + children.ru_stime, 3)}
 
 
-def _run(config, probe, path, fifo, boot, began, lease, clock, startup_cpu_s):
+def _run(config, probe, path, fifo, boot, began, lease, clock, startup_cpu_s, memory=None, budgets=None):
     wake = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # O_RDWR: never blocks, and keeps readers' open from blocking
     header = {"version": FILE_VERSION, "pid": os.getpid(), "boot_id": boot}
-    progress = Progress(config, began, clock)
+    progress = Progress(config, began, clock, budgets)
     looks = []
 
     def on_snapshot(snap, verdict):
@@ -182,7 +185,9 @@ def _run(config, probe, path, fifo, boot, began, lease, clock, startup_cpu_s):
         _write(path, dict(header, done=False, result=progress.result, info=progress.info))
 
     try:
-        result = wait_for_ready(config, probe, clock=clock, on_snapshot=on_snapshot, start=began)
+        result = wait_for_ready(config, probe, clock=clock, on_snapshot=on_snapshot, start=began, memory=memory)
+        if budgets:
+            result["budgets"] = budgets
     except ControllerGone:
         os.close(wake)
         for leftover in (path, fifo):

@@ -11,6 +11,8 @@ STATUS_CHARS characters, and its first word says the phase:
   starting: waiting for GPU 2's memory to be released by pid 4242 (sglang-a.service, stopping)
   starting: waiting for its turn on GPU 2: sglang-a.service (pid 4242) is starting (loading)
                                                        the launcher waits before it starts the engine
+  initializing: <marker> (since 9m00s) | usual: loading 16m00s, initializing 11m00s | ~2m00s left
+                                                       with the host's earlier starts (history.usual_line)
   ready in 14m03s                                      after READY=1
   <the verdict's message>                              failed / stalled / timeout
 The reader (status_phase) takes only starting, loading and initializing from it: whether the
@@ -20,6 +22,7 @@ import re
 
 from ..common.formatting import duration, size
 from ..common.units import MIB
+from .history import usual_line
 from .phases import INITIALIZING, LOADING, NOT_STARTED, READY, STARTING, TERMINAL
 
 # Phases a STATUS= text may open with and the reader believes.
@@ -71,9 +74,20 @@ def format_status(verdict, elapsed):
             parts.append("ETA %s" % duration(verdict.eta))
         if getattr(verdict, "source", None):
             parts.insert(0, source_words(verdict.source))
-        return _with_where(head + (" (%s)" % ", ".join(parts) if parts else since), verdict)
+        return _with_where(_with_usual(head + (" (%s)" % ", ".join(parts) if parts else since), verdict, elapsed),
+                           verdict)
     what = marker_summary(verdict.evidence[0]) if verdict.evidence else ""
-    return _with_where(phase + (": " + what if what else "") + since, verdict)
+    return _with_where(_with_usual(phase + (": " + what if what else "") + since, verdict, elapsed), verdict)
+
+
+USUAL_SEPARATOR = " | usual: "
+
+
+def _with_usual(text, verdict, elapsed):
+    """What the host's earlier starts say, when it has some: `... | usual: loading 16m00s, ... | ~2m00s left`."""
+    words = usual_line(getattr(verdict, "usual", None) or {}, verdict.phase, max(0.0, elapsed - verdict.since),
+                       verdict.eta)
+    return text + " | " + words if words else text
 
 
 SOURCE_WORDS = {"download": "downloading", "stream": "streamed", "infiniband": "received over InfiniBand"}
@@ -114,7 +128,9 @@ def status_news(status_text):
     if status_text is None:
         return None
     head, sep, tail = status_text.rpartition(WHERE_SEPARATOR)
-    return head if sep and WHERE_PART.match(tail) else status_text
+    news = head if sep and WHERE_PART.match(tail) else status_text
+    # The usual durations and the ETA counting down are no news of the server either.
+    return news.split(USUAL_SEPARATOR)[0]
 
 
 def status_phase(status_text):

@@ -53,6 +53,12 @@ class Verdict(object):
     # transfers.py): {"kind": download | stream | infiniband, "bytes" (since the wait began),
     # "rate" (bytes/s), "file" (a download's repo and file), "expected" (bytes, when known)}.
     source: Optional[Dict[str, Any]] = None
+    # What the host's earlier starts of this model say (readiness/start_memory.py; None/False without
+    # them): the usual duration of each phase, the seconds left until ready for the whole start, and
+    # whether the current phase runs past 1.5x its usual length (said, not a failure).
+    usual: Optional[Dict[str, float]] = None
+    start_eta: Optional[float] = None
+    slower_than_usual: bool = False
 
     def to_dict(self):
         return dataclasses.asdict(self)

@@ -14,7 +14,7 @@ from .phases import READY
 STALL_LOOK_MARGIN = 0.01
 
 
-def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_snapshot=None, start=None):
+def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_snapshot=None, start=None, memory=None):
     """Poll `probe.snapshot(t, remaining)` every poll_interval seconds; return the result dict.
 
     `remaining` is the most seconds the look may take: the time left before the deadline, at most
@@ -30,7 +30,9 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
     timeout 0 means: look once and report the current phase; that never counts as a failure.
     The result holds the last verdict's fields plus `elapsed` (whole seconds) and `failed`.
     `start`: the clock() reading the wait began at (default: now); on_snapshot(snap, verdict) is
-    called after every look.
+    called after every look. `memory` (start_memory.StartMemory): the host's earlier starts, which
+    annotate each verdict (usual durations, the whole start's ETA, slower than usual); the start is
+    added to them at its verdict, before that look's on_snapshot, so a textfile written there holds it.
     """
     start = clock() if start is None else start
     look_once = not config.timeout
@@ -52,6 +54,12 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
             remaining = min(remaining, stall_due - t)
         snap = probe.snapshot(t, remaining, stacks=classifier.stacks_due(t))
         verdict = classifier.observe(snap)
+        if memory is not None:
+            memory.observe(t, snap, verdict)
+            if not look_once and (verdict.terminal or verdict.phase == READY):
+                history_error = memory.end(verdict)
+                if history_error and history_error not in warnings:
+                    warnings.append(history_error)
         # Signals that could not be read (journal access, systemctl, a GPU driver): said once.
         warnings.extend(e for e in snap.errors if e not in warnings)
         if config.progress_path and progress_error is None:
@@ -69,6 +77,8 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
     del result["terminal"]
     result["elapsed"] = int(round(clock() - start))
     result["failed"] = not look_once and verdict.phase != READY
+    if memory is not None:
+        result.update(memory.result_fields())
     if progress_error:
         warnings.append(progress_error)
     if warnings:
