@@ -99,7 +99,8 @@ def test_the_key_is_the_distribution_the_venv_holds(rendered):
 def test_launcher_units_take_turns_on_their_gpus_in_a_shared_directory(rendered):
     unit = rendered["sglang"]
     line = exec_start(unit)
-    assert " --gpu-turns /run/modelwake/gpu-turns --gpu-release-timeout 180 --name sglang-a.service --gpus 2,0 -- " in line
+    assert (" --gpu-turns /run/modelwake/gpu-turns --gpu-release-timeout 180 --name sglang-a.service "
+            "--engine-version 0.5.23 --gpus 2,0 -- ") in line
     # Every model unit shares the lock directory, which outlives any one unit's stop.
     assert directive(unit, "RuntimeDirectory") == ["modelwake/gpu-turns"]
     assert directive(unit, "RuntimeDirectoryPreserve") == ["yes"]

@@ -409,6 +409,7 @@ def test_auto_budgets_are_left_to_the_launcher(rendered):
     # The launcher finds the stall budget at its start and grants it with its first EXTEND_TIMEOUT_USEC:
     # the unit starts with the default's (600 + 2 polls + 30), and no fixed --extend-timeout caps it.
     assert "--extend-timeout" not in line and directive(unit, "TimeoutStartSec") == ["640"]
-    assert " --poll-interval 5 --state-dir /var/lib/modelwake/vllm-auto --no-start-history --stop-timeout " in line
+    assert " --poll-interval 5 --stop-timeout " in line
+    assert " --state-dir /var/lib/modelwake/vllm-auto --crash-loop-starts 3 --no-start-history " in line
     # vLLM's own deadline cannot know the auto budget: it stays out of the way.
     assert "VLLM_ENGINE_READY_TIMEOUT_S=86400" in directive(unit, "Environment")

@@ -15,7 +15,8 @@ class Reporter(object):
     date the phases for Prometheus: a later jump of the wall clock moves no phase."""
 
     def __init__(self, notifier, clock, extend_seconds, name="model", textfile=None, log=None,
-                 status_every=STATUS_EVERY, wall_clock=time.time, expected_load=None, failed_starts=None, starts=None):
+                 status_every=STATUS_EVERY, wall_clock=time.time, expected_load=None, failed_starts=None,
+                 starts=None):
         self.notifier = notifier
         self.clock = clock
         self.extend_seconds = extend_seconds
@@ -71,6 +72,5 @@ class Reporter(object):
         if self.textfile:
             # verdict.since counts from the wait's start, which is this reporter's start.
             text = prometheus_text(self.name, verdict, self.wall_start + verdict.since, self.expected_load,
-                                   self.failed_starts())
-                                   starts=self.starts())
+                                   self.failed_starts(), starts=self.starts())
             self._say_once(write_textfile(self.textfile, text))
