@@ -495,7 +495,10 @@ class Rank:
                 for item in active:
                     item[1] -= 1
                 tokens.step(generated=len(active))
-                for item in [a for a in active if a[1] <= 0]:
+                finished = [a for a in active if a[1] <= 0]
+                if finished:
+                    tokens.flush()  # counted before the answer goes out, as an engine's own counters are
+                for item in finished:
                     active.remove(item)
                     send(self.status_fd, {"ev": "gen", "id": item[0], "ntok": item[2]})
             else:
