@@ -287,6 +287,7 @@ class GpuReader(object):
                 found.append({"index": index, "pid": int(proc.pid),
                               "used_memory_mib": None if used is None else int(used // MIB)})
         return found
+
     def nvml_devices(self):
         """(nvml, [(index, handle, uuid)]) of the watched GPUs when NVML is the backend, else
         (None, []): for reads built on the same session (host/gpu_health.py). Every call made
