@@ -12,7 +12,7 @@ READY = "ready"
 MODULE_EXPECTS = {"normal": READY, "crash-loading": "failed", "hang-loading": "stalled", "hang-ready": "stalled"}
 EARLY_TOLERANCE = 0.5  # s: the ready line is stamped when read from the pipe, a little after the port opens
 # bench/run.py's steps, in the order it runs them (--only picks some).
-STEPS = ("scenarios", "cost", "stacks", "arrivals", "throughput", "rerun", "fanout", "realvllm")
+STEPS = ("scenarios", "cost", "stacks", "arrivals", "history", "throughput", "rerun", "fanout", "realvllm")
 
 
 def judge(scenario, approach, said, verdict_t, truth_t, msg=""):
@@ -199,6 +199,7 @@ def render(results, pictures):
     lines += _cost_section(_cost_phases(results.get("cost")))
     lines += _stacks_section(results.get("stacks"))
     lines += _arrivals_section(results.get("arrivals"))
+    lines += _history_section(results.get("history"))
     throughput = results.get("throughput") or {}
     if throughput.get("levels"):
         lines += ["## Throughput of the simulated engine", "",
@@ -352,6 +353,39 @@ def _arrivals_section(measured):
         lines += ["    %s" % status for status in case["statuses"]]
         if case["phase"] != "ready":
             lines += ["", "The verdict's message: `%s`" % case["msg"]]
+    lines.append("")
+    return lines
+
+
+def _history_section(measured):
+    """The whole-start ETA from the record of earlier starts: its error at four points of each start."""
+    if not measured:
+        return []
+    lines = ["## The whole-start ETA from the host's own history", "",
+             "%d starts of the simulated SGLang server watched by the module (`poll_interval: %g`, pid mode, "
+             "`history` naming a record file); each start's load and silent initialisation drawn within "
+             "+-%d %% of %g s and %g s. The ETA (`start_eta`) a look gives, against the time the start really "
+             "still took (error = |ETA - truth| / truth), at the first look and at a quarter, half and three "
+             "quarters of the start; the first two starts make the first usual figures."
+             % (len(measured["starts"]), measured["poll_interval"], round(measured["jitter"] * 100),
+                measured["load_seconds"], measured["init_seconds"]), "",
+             "| start | load / init s | whole s | first look | 25 % | 50 % | 75 % |", "|---|---|---|---|---|---|---|"]
+    errors = []
+    for start in measured["starts"]:
+        cells = []
+        for point in start["points"]:
+            if point["eta_s"] is None:
+                cells.append("no ETA (%s)" % point["phase"])
+                continue
+            cells.append("%s s for %s s (%s, %d %%)" % (_num(point["eta_s"]), _num(point["truth_s"]), point["phase"],
+                                                     round(point["error"] * 100) if point["error"] is not None else 0))
+            if start["start"] >= 3 and point["error"] is not None:
+                errors.append(point["error"])
+        lines.append("| %d | %s / %s | %s | %s |" % (start["start"], _num(start["load_s"]), _num(start["init_s"]),
+                                                   _num(start["whole_s"]), " | ".join(cells)))
+    if errors:
+        lines += ["", "From the third start on: mean error %d %%, largest %d %% (the issue's target: within 20 %%)."
+                  % (round(100 * sum(errors) / len(errors)), round(100 * max(errors)))]
     lines.append("")
     return lines
 

@@ -499,6 +499,65 @@ def measure_arrivals(model, work, stall=10, poll=1.0, rate_mib=4.0):
     return measured
 
 
+# -- the start history's ETA -----------------------------------------------------------------------
+
+HISTORY_SIM_ARGS = ["--tp", "2", "--disable-cuda-graph", "--start-seconds", "1"]
+
+
+def measure_history(model, work, starts=6, poll=1.0, load_seconds=12.0, init_seconds=15.0, jitter=0.15, seed=7):
+    """The whole-start ETA from the host's own record: `starts` starts of the simulated SGLang server
+    watched by the module (pid mode, `history` naming a record file), each start's load and silent
+    initialisation drawn within +-`jitter` of `load_seconds` and `init_seconds` (a host's starts are
+    never the same twice). From the third start on (two earlier ones make a usual), the ETA a look
+    gives (`start_eta`) against the time the start really still took, at its first look and at a
+    quarter, half and three quarters of it."""
+    import random
+    base = os.path.join(work, "history")
+    shutil.rmtree(base, ignore_errors=True)
+    os.makedirs(base)
+    record = os.path.join(base, "starts.jsonl")
+    weights = sum(os.path.getsize(path) for path in glob.glob(os.path.join(model, "*.safetensors")))
+    draw = random.Random(seed)
+    measured = {"starts": [], "poll_interval": poll, "load_seconds": load_seconds, "init_seconds": init_seconds,
+                "jitter": jitter}
+    for number in range(1, starts + 1):
+        load = load_seconds * draw.uniform(1 - jitter, 1 + jitter)
+        init = init_seconds * draw.uniform(1 - jitter, 1 + jitter)
+        rate_mib = weights / 1048576.0 / load
+        tag = "start-%d" % number
+        sim = simrun.SimRun("sglang", model, _fresh(os.path.join(base, tag + ".log")),
+                            HISTORY_SIM_ARGS + ["--load-rate-mib", "%.2f" % rate_mib, "--init-seconds", "%.1f" % init]
+                            ).start()
+        progress = _fresh(os.path.join(base, tag + ".progress.jsonl"))
+        try:
+            extra = {"bench_approach": "module", "bench_url": sim.url, "bench_pid": sim.proc.pid,
+                     "bench_engine": "sglang", "bench_module_timeout": 300, "bench_stall_timeout": 60,
+                     "bench_poll_interval": poll, "bench_progress_path": progress, "bench_log_path": sim.log_path,
+                     "bench_model_path": model, "bench_history": record}
+            play = Play(os.path.join(HERE, "waits.yml"), [_localhost_inventory(base)], extra, env=ansible_env(),
+                        timeout=600)
+        finally:
+            sim.stop()
+        with open(progress) as handle:
+            looks = [json.loads(line) for line in handle if line.strip()]
+        if not looks or looks[-1]["verdict"]["phase"] != "ready":
+            raise RuntimeError("start %d did not end ready (rc %s): %s" % (number, play.rc, play.text[-600:]))
+        t0, t_ready = looks[0]["snapshot"]["t"], looks[-1]["snapshot"]["t"]
+        whole = t_ready - t0
+        points = []
+        for share in (0.0, 0.25, 0.5, 0.75):
+            look = next(look for look in looks if look["snapshot"]["t"] - t0 >= share * whole)
+            left = t_ready - look["snapshot"]["t"]
+            eta = look["verdict"].get("start_eta")
+            points.append({"share": share, "phase": look["verdict"]["phase"], "truth_s": round(left, 1),
+                           "eta_s": None if eta is None else round(eta, 1),
+                           "error": None if eta is None or left <= 0 else round(abs(eta - left) / left, 3)})
+        measured["starts"].append({"start": number, "load_s": round(load, 1), "init_s": round(init, 1),
+                                   "whole_s": round(whole, 1), "usual": looks[-1]["verdict"].get("usual"),
+                                   "points": points})
+    return measured
+
+
 # -- throughput on the sim -------------------------------------------------------------------------
 
 def measure_throughput(model, work):
@@ -722,6 +781,8 @@ def main(argv=None):
                                 ("stacks", "the ranks' stacks: cost and the spinning hang", lambda: measure_stacks(model, work)),
                                 ("arrivals", "weights from the network: a download, a stream, a stopped download",
                                  lambda: measure_arrivals(model, work)),
+                                ("history", "the whole-start ETA from the host's record of earlier starts",
+                                 lambda: measure_history(model, work)),
                                 ("throughput", "throughput of the simulated engine", lambda: measure_throughput(model, work)),
                                 ("rerun", "deploy-k26.yml re-run on a ready test host", lambda: measure_rerun(work)),
                                 ("fanout", "fan-out over 1, 2 and 4 test hosts", lambda: measure_fanout(work)),
