@@ -187,6 +187,9 @@ def test_an_upgrade_that_does_not_come_up_is_rolled_back(sim, tmp_path):
     VERDICTS["upgrade that cannot start"] = re.search(r"did not come up[^.]*", flat).group(0)[:200]
     # The host is as it was: the exact previous packages, the service answering.
     assert VM.sh("%s -m pip freeze --all" % venv_python) == packages_before
+    # The previous build restarted on its own compile caches, keyed by the build: never the failed one's.
+    environment = VM.sh("systemctl show %s -p Environment --value" % UNIT)
+    assert "/compile/modelwake-sim-0.1.0/triton" in environment and "0.1.1" not in environment, environment
     # (The launcher says READY=1 after its own completion, a moment after the wait's.)
     until("the unit active again", lambda: VM.unit_state(UNIT)["ActiveState"] == "active", timeout=60)
     assert VM.completion(PORT) != ""
