@@ -139,6 +139,13 @@ def every_section():
                                    "elapsed": 60.0, "looks_with_source": 48, "stalled_after_last_byte_s": None,
                                    "source": {"kind": "download", "bytes": 192 * 1048576, "rate": 4194304.0},
                                    "statuses": ["+20 s: loading (downloading org/k26-sim x: 80 MiB at 4 MiB/s)"]}]}
+    data["history"] = {"poll_interval": 1.0, "load_seconds": 12.0, "init_seconds": 15.0, "jitter": 0.15, "starts": [
+        {"start": number, "load_s": 12.0, "init_s": 15.0, "whole_s": 30.0, "usual": None if number == 1 else {},
+         "points": [{"share": share, "phase": "loading", "truth_s": truth, "eta_s": None if number == 1 else eta,
+                     "error": None if number == 1 else round(abs(eta - truth) / truth, 3)}
+                    for share, truth, eta in ((0.0, 30.0, 27.0), (0.25, 22.0, 20.0), (0.5, 15.0, 13.0),
+                                              (0.75, 7.0, 5.0))]}
+        for number in (1, 2, 3)]}
     return data
 
 
@@ -161,3 +168,16 @@ def test_the_arrivals_section_gives_each_verdict_and_the_status_lines():
     assert "| download | vllm | ready | 60.0 s | 48 | download 192.0 MiB at 4.0 MiB/s |" in text
     assert "    +20 s: loading (downloading org/k26-sim x: 80 MiB at 4 MiB/s)" in text
     assert report._arrivals_section(None) == []
+
+
+def test_the_history_section_gives_the_eta_against_the_truth_and_the_target_row():
+    data = every_section()
+    text = "\n".join(report._history_section(data["history"]))
+    assert "| 1 | 12.0 / 15.0 | 30.0 | no ETA (loading) |" in text
+    assert "| 3 | 12.0 / 15.0 | 30.0 | 27.0 s for 30.0 s (loading, 10 %) |" in text
+    # From the third start on: the points' errors 10, 9, 13 and 29 %; the first look's 10 %.
+    assert "mean error 15 %, largest 29 %; at the first look, worst 10 %" in text
+    rows = dict((row[0], row[1:]) for row in report.targets(data))
+    assert rows["a re-start's whole-start ETA within 20 % of the truth from its first look (third start on)"] == (
+        True, "worst 10 % over 1 starts")
+    assert report._history_section(None) == []
