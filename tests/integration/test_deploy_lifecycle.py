@@ -187,13 +187,13 @@ class Background(object):
         self.watchdog = threading.Timer(timeout, self.kill)
         self.watchdog.start()
 
-    def until(self, *markers):
-        """Read the play's output until a line contains one of the markers; fail if the play ends first."""
+    def until(self, marker):
+        """Read the play's output until a line contains marker; fail if the play ends first."""
         for line in iter(self.proc.stdout.readline, ""):
             self.lines.append(line)
-            if any(marker in line for marker in markers):
+            if marker in line:
                 return
-        raise AssertionError("the play ended before %r:\n%s" % (markers, "".join(self.lines)))
+        raise AssertionError("the play ended before %r:\n%s" % (marker, "".join(self.lines)))
 
     def kill(self):
         """Kill the whole run at once, like a controller that dies (its SSH clients go with it)."""
@@ -304,22 +304,19 @@ def test_reboot_during_the_first_deploy_comes_back_and_converges(guest):
     on_guest("systemctl disable --now %s; rm -f /etc/systemd/system/%s.service; systemctl daemon-reload"
              % (FIRST, FIRST), check=False)
     on_guest("touch %s" % HOLD)
-    # Short follow reads: the play notices the lost host within seconds of the reboot.
-    run = Background(guest, "deploy-k26.yml", dict(first, modelwake_progress_interval=5))
+    run = Background(guest, "deploy-k26.yml", first)
     try:
         try:
             # The unit never ran on this guest: the handler's restart is its first start.
             run.until(HANDLER_WAIT)
             host_tool("reboot", GUEST)
-            # The play's own report of the lost host, before the controller is killed: a follow read
-            # that fails on the new boot or finds the host unreachable (killing at once raced it).
-            run.until("UNREACHABLE!", "FAILED!")
         finally:
+            # The controller dies with the host's reboot, at once: a play left to notice the lost host
+            # would go on to its failure path (the rollback restarts the unit), another scenario. Whether
+            # one of its follow reads saw the reboot first is the machine's timing, so it is not asserted.
             run.kill()
             rc, out = run.finish()
-        # The play lost its host in the middle of the wait.
-        assert rc != 0 and ("UNREACHABLE!" in out or "FAILED!" in out), out
-        assert "Send the smoke completion" not in out
+        assert rc != 0 and "Send the smoke completion" not in out, out
         # Enabled before its restart: systemd started it at boot, without Ansible.
         booted = settled_state(FIRST)
         assert booted["ActiveState"] in ("active", "activating"), booted
