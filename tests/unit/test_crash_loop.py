@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ansible_collections.modelwake.serving.plugins.module_utils.host import failed_starts
+from ansible_collections.modelwake.serving.plugins.module_utils.host import failed_starts, systemd
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.crash_loop import CrashLoopGuard, root_cause
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.exit_codes import (EXIT_CRASH_LOOP, EXIT_FAILED,
                                                                                            EXIT_STALLED)
@@ -91,8 +91,8 @@ def test_the_record_round_trips_atomically_and_a_missing_one_is_empty(tmp_path):
 
 
 def test_the_state_directory_is_the_units_with_or_without_its_suffix():
-    assert failed_starts.state_dir("sglang-k26.service") == "/var/lib/modelwake/sglang-k26"
-    assert failed_starts.state_dir("sglang-k26") == "/var/lib/modelwake/sglang-k26"
+    assert systemd.state_dir("sglang-k26.service") == "/var/lib/modelwake/sglang-k26"
+    assert systemd.state_dir("sglang-k26") == "/var/lib/modelwake/sglang-k26"
 
 
 # -- the launcher's guard -------------------------------------------------------------------------------
@@ -258,7 +258,7 @@ def probe_for(unit):
     (dict(stopped_unit(), ActiveState="activating"), False),  # started again: a new run
 ])
 def test_the_probe_reads_the_record_only_of_a_unit_stopped_with_the_crash_loop_status(tmp_path, monkeypatch, unit, reads):
-    monkeypatch.setattr(failed_starts, "STATE_ROOT", str(tmp_path))
+    monkeypatch.setattr(systemd, "STATE_ROOT", str(tmp_path))
     os.mkdir(str(tmp_path / "sglang-k26"))
     failed_starts.write_record(str(tmp_path / "sglang-k26"), stopped_record())
     found = probe_for(UNIT)._crash_loop(unit)
@@ -266,7 +266,7 @@ def test_the_probe_reads_the_record_only_of_a_unit_stopped_with_the_crash_loop_s
 
 
 def test_the_probe_says_why_a_record_could_not_be_read(tmp_path, monkeypatch):
-    monkeypatch.setattr(failed_starts, "STATE_ROOT", str(tmp_path))
+    monkeypatch.setattr(systemd, "STATE_ROOT", str(tmp_path))
     os.mkdir(str(tmp_path / "sglang-k26"))
     (tmp_path / "sglang-k26" / failed_starts.FILE_NAME).write_text("[1]")
     assert "not a failed-starts record" in probe_for(UNIT)._crash_loop(stopped_unit())["error"]

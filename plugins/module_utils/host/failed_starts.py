@@ -16,7 +16,6 @@ import re
 
 from ..common.formatting import duration
 
-STATE_ROOT = "/var/lib/modelwake"
 FILE_NAME = "failed-starts.json"
 # The launcher's exit status when it stops a crash loop; the unit lists it in RestartPreventExitStatus=.
 # Here, not in launcher/exit_codes.py alone, because the wait (which may not import the launcher)
@@ -32,13 +31,6 @@ VERSION = 1
 _HEX = re.compile(r"\b0x[0-9a-fA-F]+\b|\b[0-9a-fA-F]{8,}\b")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _SPACES = re.compile(r"\s+")
-
-
-def state_dir(unit):
-    """The unit's state directory, from its name with or without `.service` (the role's
-    StateDirectory=modelwake/<unit>)."""
-    name = unit[:-len(".service")] if unit.endswith(".service") else unit
-    return os.path.join(STATE_ROOT, name)
 
 
 def record_path(directory):

@@ -14,6 +14,8 @@ import errno
 import json
 import os
 
+from . import systemd
+
 # Where the role and the playbook keep the flags (model_service_hold_dir's default).
 HOLD_DIR = "/etc/modelwake/hold"
 HOLD_KEYS = ("by", "since", "reason")
@@ -38,8 +40,7 @@ def hold_path(hold_dir, unit):
     """The flag file of `unit` (with or without .service) in `hold_dir`; None when holds are off (no dir)."""
     if not hold_dir:
         return None
-    name = unit[:-len(".service")] if unit.endswith(".service") else unit
-    return os.path.join(hold_dir, name + ".json")
+    return os.path.join(hold_dir, systemd.unit_name(unit) + ".json")
 
 
 def parse_hold(text):

@@ -10,17 +10,10 @@ import os
 
 MAX_RECORDS = 100
 FILE_NAME = "starts.jsonl"
-# The units' state directories (the unit's StateDirectory=modelwake/<unit>): they survive reboots.
-STATE_ROOT = "/var/lib/modelwake"
 
 
 def history_path(state_dir):
     return os.path.join(state_dir, FILE_NAME)
-
-
-def unit_history_path(unit, root=STATE_ROOT):
-    """Where the record of `unit`'s starts lives (unit without .service)."""
-    return history_path(os.path.join(root, unit))
 
 
 def read_records(path):

@@ -1,4 +1,5 @@
-"""The state of a systemd unit, from `systemctl show`."""
+"""The state of a systemd unit, from `systemctl show`; the names the role gives a unit's files."""
+import os
 import re
 
 from ..common.command import run_command
@@ -18,6 +19,23 @@ LAUNCHER = re.compile(r"(?:^|[\s/])modelwake-launch(?:\s|$)|\s-m modelwake launc
 
 def is_launcher(cmdline):
     return bool(LAUNCHER.search(cmdline or ""))
+
+
+# Where the role's units keep their state (StateDirectory=modelwake/<unit>, under /var/lib): the
+# launcher's records of failed starts and of every start; it survives reboots.
+STATE_ROOT = "/var/lib/modelwake"
+SERVICE_SUFFIX = ".service"
+
+
+def unit_name(unit):
+    """`sglang-k26` for `sglang-k26.service` or `sglang-k26`: how the role names the unit's directories
+    and files (its state directory, its hold flag, its records)."""
+    return unit[:-len(SERVICE_SUFFIX)] if unit and unit.endswith(SERVICE_SUFFIX) else unit
+
+
+def state_dir(unit, root=None):
+    """The unit's state directory (StateDirectory=modelwake/<unit>), under `root` (default STATE_ROOT)."""
+    return os.path.join(root or STATE_ROOT, unit_name(unit))
 
 
 class SystemdError(ModelWakeError):

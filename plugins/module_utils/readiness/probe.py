@@ -210,7 +210,7 @@ class HostProbe(object):
         if (unit is None or systemd.is_running(unit) or unit.get("ExecMainStatus") != failed_starts.EXIT_CRASH_LOOP
                 or unit.get("ExecMainCode") != systemd.CLD_EXITED):
             return None
-        directory = failed_starts.state_dir(self.config.unit)
+        directory = systemd.state_dir(self.config.unit)
         try:
             return failed_starts.read_record(directory)
         except (OSError, ValueError) as exc:

@@ -15,12 +15,10 @@ import os
 import time
 
 from ..common.errors import InputError
-from ..host import start_history
+from ..host import start_history, systemd
 from . import history
 from .phases import NOT_STARTED, STARTING
 
-# Unit names are recorded without ".service": the launcher's --name and the module's unit both name it.
-SERVICE_SUFFIX = ".service"
 # A start that read less than this share of the model from disk found it in the page cache; one that
 # read nearly all of it did not. In between (or without the model's size) nobody can tell.
 WARM_BELOW = 0.5
@@ -28,10 +26,6 @@ COLD_FROM = 0.9
 # A wait that began this long after its unit's start (systemd's InactiveExitTimestampMonotonic) still
 # saw the start from its beginning: `systemctl restart` returns, the play goes on to the wait.
 JOINED_AFTER = 60.0
-
-
-def unit_key(name):
-    return name[:-len(SERVICE_SUFFIX)] if name and name.endswith(SERVICE_SUFFIX) else name
 
 
 def page_cache(bytes_read, model_bytes):
@@ -53,7 +47,7 @@ class StartMemory(object):
     def __init__(self, path, unit, model, engine="auto", engine_version=None, model_bytes=None, gpus=None,
                  writes=None, wall_clock=time.time, newest_version=False, monotonic=time.monotonic):
         self.path = path
-        self.unit = unit_key(unit)
+        self.unit = systemd.unit_name(unit)
         self.model = model
         self.engine = engine
         self.model_bytes = model_bytes
@@ -160,7 +154,7 @@ HISTORY_AUTO = "auto"
 HISTORY_OFF = "off"
 
 
-def module_memory(config, history_option, engine_version, root=start_history.STATE_ROOT):
+def module_memory(config, history_option, engine_version, root=None):
     """The StartMemory of a module's wait, or None. `auto`: in unit mode the unit's record under
     /var/lib/modelwake/<unit>/ (written only where that directory exists: the role's units have
     it); in pid mode none. `off`: none. A path: that file (its directory must exist)."""
@@ -170,7 +164,7 @@ def module_memory(config, history_option, engine_version, root=start_history.STA
     if option == HISTORY_AUTO:
         if config.unit is None:
             return None
-        path = start_history.unit_history_path(unit_key(config.unit), root)
+        path = start_history.history_path(systemd.state_dir(config.unit, root))
         writes = "wait" if os.path.isdir(os.path.dirname(path)) else None
     else:
         if not os.path.isabs(option):
