@@ -95,6 +95,19 @@ def report(output, unit):
     return followed[-1]["elapsed"], [phase["phase"] for phase in followed[-1]["phases"]]
 
 
+def guest_sh(name, command, check=True, timeout=120, stdin=None):
+    """Run a shell command as root on the guest `name` (stdin: text or bytes); return its stdout."""
+    if isinstance(stdin, str):
+        stdin = stdin.encode("utf-8")
+    proc = subprocess.run([TESTHOSTS, "ssh", name, command], input=stdin, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=timeout)
+    out = proc.stdout.decode("utf-8", "replace").strip()
+    if check and proc.returncode != 0:
+        raise AssertionError("%s failed on the guest (rc %d): %s %s"
+                             % (command, proc.returncode, out, proc.stderr.decode("utf-8", "replace")))
+    return out
+
+
 class GuestHost(object):
     """A guest named `<prefix>-<pid>` serving as host `host` of the repository inventory `inventory`."""
 
@@ -122,13 +135,7 @@ class GuestHost(object):
 
     def sh(self, command, check=True, timeout=120, stdin=None):
         """Run a shell command on the guest as root; return its stdout."""
-        proc = subprocess.run([TESTHOSTS, "ssh", self.name, command], input=stdin, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, timeout=timeout)
-        out = proc.stdout.decode("utf-8", "replace").strip()
-        if check and proc.returncode != 0:
-            raise AssertionError("%s failed on the guest (rc %d): %s %s"
-                                 % (command, proc.returncode, out, proc.stderr.decode("utf-8", "replace")))
-        return out
+        return guest_sh(self.name, command, check=check, timeout=timeout, stdin=stdin)
 
     def show(self, unit, *properties):
         """`systemctl show` of the unit's properties, as {name: value}."""

@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from tests.helpers import ANSIBLE_PLAYBOOK as PLAYBOOK, ROOT, TESTHOSTS, VENV_BIN, until
-from tests.helpers.guesthost import guest_vars, host_tool
+from tests.helpers import ANSIBLE_PLAYBOOK as PLAYBOOK, ROOT, VENV_BIN, until
+from tests.helpers.guesthost import guest_sh, guest_vars, host_tool
 
 PYTHON = os.path.join(VENV_BIN, "python")
 GUEST = "mwc-%d" % (os.getpid() % 100000)
@@ -57,11 +57,7 @@ pytestmark = [
 
 
 def on_guest(command, check=True, stdin=None):
-    proc = subprocess.run([TESTHOSTS, "ssh", GUEST, command], input=stdin, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
-    if check and proc.returncode != 0:
-        raise AssertionError("%s failed on the guest: %s %s" % (command, proc.stdout, proc.stderr))
-    return proc.stdout.strip()
+    return guest_sh(GUEST, command, check=check, stdin=stdin)
 
 
 def unit_state():

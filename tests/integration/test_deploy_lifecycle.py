@@ -30,8 +30,8 @@ from datetime import datetime, timezone
 import pytest
 
 from modelwake_runner.cli import run_playbook
-from tests.helpers import ANSIBLE_PLAYBOOK as PLAYBOOK, ROOT, TESTHOSTS, VENV_BIN
-from tests.helpers.guesthost import PlayOutput, guest_vars, host_tool
+from tests.helpers import ANSIBLE_PLAYBOOK as PLAYBOOK, ROOT, VENV_BIN
+from tests.helpers.guesthost import PlayOutput, guest_sh, guest_vars, host_tool
 
 PYTHON = os.path.join(VENV_BIN, "python")
 # Per session: two pytest sessions (a developer's and a full `make integration`) never share a guest.
@@ -60,11 +60,7 @@ pytestmark = [
 
 
 def on_guest(command, check=True):
-    proc = subprocess.run([TESTHOSTS, "ssh", GUEST, command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True, timeout=120)
-    if check and proc.returncode != 0:
-        raise AssertionError("%s failed on the guest: %s %s" % (command, proc.stdout, proc.stderr))
-    return proc.stdout.strip()
+    return guest_sh(GUEST, command, check=check)
 
 
 def unit_state(unit=UNIT):

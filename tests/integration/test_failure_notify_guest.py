@@ -21,8 +21,8 @@ import time
 
 import pytest
 
-from tests.helpers import ANSIBLE, ANSIBLE_PLAYBOOK as PLAYBOOK, ROOT, TESTHOSTS, until
-from tests.helpers.guesthost import host_tool
+from tests.helpers import ANSIBLE, ANSIBLE_PLAYBOOK as PLAYBOOK, ROOT, until
+from tests.helpers.guesthost import guest_sh, host_tool
 GUEST = "mwf-%d" % (os.getpid() % 100000)
 UNIT = "mwf-dummy"
 PORT = 18080
@@ -88,11 +88,7 @@ http.server.HTTPServer(('127.0.0.1', int(sys.argv[2])), H).serve_forever()
 
 
 def on_guest(command, check=True, stdin=None):
-    proc = subprocess.run([TESTHOSTS, "ssh", GUEST, command], input=stdin, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
-    if check and proc.returncode != 0:
-        raise AssertionError("%s failed on the guest: %s %s" % (command, proc.stdout, proc.stderr))
-    return proc.stdout.strip()
+    return guest_sh(GUEST, command, check=check, stdin=stdin)
 
 
 @pytest.fixture(scope="module")
