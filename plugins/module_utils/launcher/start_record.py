@@ -41,8 +41,8 @@ def launch_memory(options, config, environ):
     if options.state_dir and not options.no_start_history:
         if not os.path.isdir(options.state_dir):
             raise ModelWakeError("state-dir: %s is not a directory (StateDirectory= creates it)" % options.state_dir)
-        # The unit's argv does not name the version (a run without inference_env would change the unit
-        # and restart the model): the venv the launcher runs in says it.
+        # The role passes the version it read from the venv (--engine-version, the compile caches' key);
+        # without it, the venv the launcher runs in says it.
         version = options.engine_version or installed_version(config.engine)
         memory = StartMemory(start_history.history_path(options.state_dir), options.name,
                              config.model_path or config.model, engine=config.engine, engine_version=version, model_bytes=config.expected_bytes,
