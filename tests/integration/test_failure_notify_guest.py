@@ -11,6 +11,7 @@ output; a re-run changes nothing. Then playbooks/status.yml writes its look at t
 (-e modelwake_status_json), without the catalog's API key. Last, the journal's runs: a unit restarted
 while journald is held back, so that the old run's last words are read after the new run began (and
 tagged with its id, as a busy journald does): the wait's look at the new run is not failed by them.
+And a wait begun while a restart's stop still drains (the old server answering HTTP) judges the new run.
 The guest is destroyed afterwards.
 """
 import json
@@ -242,3 +243,79 @@ def test_a_restarted_runs_late_last_words_do_not_fail_the_new_runs_wait(guest):
     look = json.loads(proc.stdout.split(" => ", 1)[1])
     assert look["phase"] == "starting" and "KeyboardInterrupt" not in json.dumps(look), look
     on_guest("systemctl stop %s" % RUNS_UNIT)
+
+
+# A server that drains the way vLLM does on SIGTERM with --shutdown-timeout: its API server serves on,
+# answering /health and /v1/models, while a new completion finds the engine shut down (vLLM prints
+# "RuntimeError: cannot schedule new futures after shutdown"); it exits after the drain. A new run
+# loads for 3 s, then answers.
+DRAINING_SERVER = r"""
+import http.server, json, os, signal, threading, time
+draining = threading.Event()
+print("INFO: modelwake test server starting, pid %d" % os.getpid(), flush=True)
+class Handler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+    def answer(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self):
+        self.answer(200, {"object": "list", "data": [{"id": "drainer"}]} if self.path == "/v1/models" else {})
+    def do_POST(self):
+        if draining.is_set():
+            print("Traceback (most recent call last):", flush=True)
+            print("RuntimeError: cannot schedule new futures after shutdown", flush=True)
+            self.answer(500, {"error": "cannot schedule new futures after shutdown"})
+        else:
+            self.answer(200, {"choices": [{"text": " 4"}]})
+def drain(*args):
+    print("[shutdown] API server: stopping engine client mode=drain timeout=8s", flush=True)
+    draining.set()
+    threading.Timer(8, os._exit, (0,)).start()
+signal.signal(signal.SIGTERM, drain)
+time.sleep(3)
+http.server.ThreadingHTTPServer(("127.0.0.1", 30021), Handler).serve_forever()
+"""
+DRAIN_UNIT = "mwf-drain"
+
+
+def test_a_wait_begun_during_a_restarts_drain_judges_the_next_run(guest):
+    """The restart handler does not block (a notify unit would hold it for the whole load): the wait
+    can begin while the old run still drains and answers HTTP. Its story begins at the new run."""
+    on_guest("cat > /usr/local/bin/mwf-drain.py", stdin=DRAINING_SERVER)
+    on_guest("cat > /etc/systemd/system/%s.service && systemctl daemon-reload && systemctl restart %s"
+             % (DRAIN_UNIT, DRAIN_UNIT),
+             # The stop ends after its server (a launcher's own cleanup, a container's removal): a look then
+             # finds no process while the old run's error is the journal's last word.
+             stdin="[Service]\nExecStart=/usr/bin/python3 /usr/local/bin/mwf-drain.py\nTimeoutStopSec=30\n"
+                   "ExecStopPost=/bin/sleep 3\n")
+    url = "http://127.0.0.1:30021"
+    answering = ("python3 -c \"import urllib.request\ntry: print(urllib.request.urlopen('%s/health', timeout=3).status)"
+                 "\nexcept Exception: print('000')\"" % url)
+    until("the first run answering", lambda: on_guest(answering) == "200")
+    old_pid = on_guest("systemctl show %s -p MainPID --value" % DRAIN_UNIT)
+    on_guest("systemctl restart --no-block %s" % DRAIN_UNIT)
+    until("the old run draining", lambda: on_guest("systemctl show %s -p ActiveState --value" % DRAIN_UNIT)
+          == "deactivating", timeout=10)
+    progress = "/tmp/mwf-drain-progress.jsonl"
+    proc = subprocess.run([ANSIBLE, "-i", str(guest / "inventory.json"), GUEST, "-o", "-m", "wait_for_model_ready",
+                           "-a", json.dumps({"unit": DRAIN_UNIT + ".service", "url": url, "engine": "vllm",
+                                             "timeout": 90, "poll_interval": 1, "progress_path": progress})],
+                          cwd=ROOT, env=ansible_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True, timeout=300)
+    result = json.loads(proc.stdout.split(" => ", 1)[1])
+    new_pid = on_guest("systemctl show %s -p MainPID --value" % DRAIN_UNIT)
+    looks = [json.loads(line) for line in on_guest("cat %s" % progress).splitlines()]
+    on_guest("systemctl stop %s" % DRAIN_UNIT)
+    assert result["phase"] == "ready" and str(result["pid"]) == new_pid != old_pid, result
+    assert "cannot schedule" not in json.dumps(result), result
+    first = looks[0]["verdict"]
+    assert first["phase"] == "not_started" and ("the earlier run of %s.service (pid %s) is still stopping"
+                                                % (DRAIN_UNIT, old_pid)) in first["msg"], first
+    # The draining server was never asked: its answers are not this start's.
+    stopping = [look for look in looks if look["snapshot"]["earlier_run"]]
+    assert stopping and all(look["snapshot"]["http"] is None for look in stopping), stopping

@@ -156,3 +156,84 @@ def test_a_host_without_gpu_tools_is_no_warning_but_a_broken_driver_is(server, f
     assert no_tools.snapshot(0.0).errors == []
     broken = HostProbe(cfg, nvml=fake_nvml, runner=lambda argv, timeout=30: (9, "", "couldn't communicate with the NVIDIA driver"))
     assert broken.snapshot(0.0).errors == ["nvidia-smi failed (rc 9): couldn't communicate with the NVIDIA driver"]
+
+
+class RestartScript(object):
+    """systemctl answers that follow a restart: the old run (inv-old, pid 1111) drains while the
+    wait begins, then the new run (inv-new, a real process) starts. The journal holds the old run's
+    drain, with the error a request refused during the drain printed (vLLM's, under a real restart)
+    and one of its lines read late under the new run's id, then the new run's first line."""
+
+    JOURNAL = [
+        {"__CURSOR": "c1", "_PID": "1111", "_SYSTEMD_INVOCATION_ID": "inv-old",
+         "MESSAGE": "[shutdown] API server: stopping engine client mode=drain timeout=30s"},
+        {"__CURSOR": "c2", "_PID": "1111", "_SYSTEMD_INVOCATION_ID": "inv-old",
+         "MESSAGE": "Traceback (most recent call last):"},
+        {"__CURSOR": "c3", "_PID": "1111", "_SYSTEMD_INVOCATION_ID": "inv-new",
+         "MESSAGE": "RuntimeError: cannot schedule new futures after shutdown"},
+        {"__CURSOR": "c4", "_PID": "1", "INVOCATION_ID": "inv-old", "MESSAGE": "Stopped vllm-k26.service."},
+    ]
+
+    def __init__(self, new_pid, states):
+        self.new_pid = new_pid
+        self.states = list(states)  # one (ActiveState, SubState, run) per systemctl call; the last repeats
+        self.journal_reads = 0
+
+    def __call__(self, argv, timeout=30):
+        if argv[0] == "systemctl":
+            active, sub, run = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+            pid, invocation = (1111, "inv-old") if run == "old" else (self.new_pid, "inv-new")
+            return 0, ("ActiveState=%s\nSubState=%s\nMainPID=%d\nNRestarts=0\nExecMainStatus=0\nLoadState=loaded\n"
+                       "Type=simple\nInvocationID=%s\nControlGroup=/system.slice/nowhere-%d.service\n"
+                       % (active, sub, pid, invocation, os.getpid())), ""
+        if argv[0] == "journalctl":
+            self.journal_reads += 1
+            new_line = {"__CURSOR": "c5", "_PID": str(self.new_pid), "_SYSTEMD_INVOCATION_ID": "inv-new",
+                        "MESSAGE": "INFO: Started server process [%d]" % self.new_pid}
+            return 0, "\n".join(json.dumps(e) for e in self.JOURNAL + [new_line]) + "\n", ""
+        return 127, "", "not scripted"
+
+
+def test_a_wait_begun_during_a_restarts_drain_starts_its_story_at_the_next_run(fake_nvml):
+    from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Classifier
+
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        stopping = ("deactivating", "stop-sigterm", "old")
+        runner = RestartScript(proc.pid, [stopping, stopping, stopping, ("active", "running", "new")])
+        cfg = config(unit="vllm-k26.service", url="http://127.0.0.1:%d" % closed_port(), engine="vllm")
+        probe = HostProbe(cfg, runner=runner, nvml=fake_nvml)
+        classifier = Classifier(cfg)
+        looks = [probe.snapshot(t) for t in (0.0, 1.0)]
+        # While the old run stops, nothing of it is read: no journal, no HTTP, no processes.
+        assert [look.earlier_run for look in looks] == [
+            {"invocation": "inv-old", "pid": 1111, "state": "deactivating, stop-sigterm"}] * 2
+        assert looks[0].http is None and looks[0].process == {} and runner.journal_reads == 0
+        looks.append(probe.snapshot(2.0))
+        verdicts = [classifier.observe(look) for look in looks]
+        assert verdicts[0].phase == "not_started" and verdicts[0].pid is None
+        assert "the earlier run of vllm-k26.service (pid 1111) is still stopping (deactivating, stop-sigterm)" \
+            in verdicts[0].msg
+        # The new run: only its own line, not the old run's drain nor its error read late under the new id.
+        assert looks[2].earlier_run is None and runner.journal_reads == 1
+        assert looks[2].log_lines == ["INFO: Started server process [%d]" % proc.pid] and looks[2].log_context == []
+        assert verdicts[2].phase == "starting" and not verdicts[2].terminal and verdicts[2].pid == proc.pid
+        assert "cannot schedule" not in json.dumps([v.to_dict() for v in verdicts])
+    finally:
+        proc.stdin.close()
+        proc.wait()
+
+
+def test_a_wait_begun_on_a_running_unit_reads_its_run_at_once(fake_nvml):
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        runner = RestartScript(proc.pid, [("active", "running", "new")])
+        probe = HostProbe(config(unit="vllm-k26.service", url="http://127.0.0.1:%d" % closed_port()),
+                          runner=runner, nvml=fake_nvml)
+        look = probe.snapshot(0.0)
+        assert look.earlier_run is None and look.http is not None and runner.journal_reads == 1
+        # Its first read filters by this run alone; the old run's writer is learnt from its own lines.
+        assert look.log_lines == ["INFO: Started server process [%d]" % proc.pid]
+    finally:
+        proc.stdin.close()
+        proc.wait()

@@ -102,12 +102,18 @@ class JournalReader(object):
     "KeyboardInterrupt: terminated"), read late by a busy journald, carry the new run's id. The
     line's `_PID` (the process whose stream it came through) does not lie: a process whose lines
     carried an earlier run's id belongs to that run, whatever its later lines say.
+
+    `earlier_invocation`: a run known to be an earlier one at every read, not only the first: the run
+    a restart replaced, still stopping when the wait began (its drain's lines, the errors of requests
+    it refused while it drained, are not this start's story however late they are read).
     """
 
-    def __init__(self, unit, runner=run_command, invocation_id=None, since_epoch=None, main_pid=None):
+    def __init__(self, unit, runner=run_command, invocation_id=None, since_epoch=None, main_pid=None,
+                 earlier_invocation=None):
         self.unit = unit
         self.runner = runner
         self.invocation_id = invocation_id
+        self.earlier_invocation = earlier_invocation
         self.main_pid = str(main_pid) if main_pid else None
         self.earlier_run_pids = set()
         self.since_epoch = time.time() if since_epoch is None else since_epoch
@@ -154,6 +160,11 @@ class JournalReader(object):
         """Whether entry is an earlier run's line; learns the earlier runs' writers on the first read."""
         pid = entry.get("_PID")
         if pid in self.earlier_run_pids:
+            return True
+        if self.earlier_invocation and self.earlier_invocation in (entry.get("_SYSTEMD_INVOCATION_ID"),
+                                                                   entry.get("INVOCATION_ID")):
+            if pid and pid not in ("1", self.main_pid):
+                self.earlier_run_pids.add(pid)
             return True
         if not (first and self.invocation_id):
             # Later reads hold this run's lines and those of the restarts that follow it.

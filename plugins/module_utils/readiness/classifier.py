@@ -223,6 +223,8 @@ class Classifier(object):
             st.t0 = snap.t
         t = snap.t - st.t0
         proc = snap.process or {}
+        if getattr(snap, "earlier_run", None):
+            return self._earlier_run_stopping(t, snap)
         events = []
 
         st.xids = (st.xids + list(getattr(snap, "xids", None) or []))[-XIDS_KEPT:]
@@ -313,6 +315,22 @@ class Classifier(object):
         self._enter(verdict.phase, t)
         st.t_prev = snap.t
         return self._fill(verdict, t, snap, proc)
+
+    def _earlier_run_stopping(self, t, snap):
+        """A look while the run a restart replaces still stops (its drain serves on for up to
+        model_service_drain_seconds): this start has not begun. Nothing of the stopping run is its
+        story, and the wait for it is no stall: systemd bounds the stop (TimeoutStopSec)."""
+        st = self.state
+        earlier = snap.earlier_run
+        st.last_progress_t = t
+        st.last_progress = "the earlier run stopping"
+        verdict = Verdict(NOT_STARTED, "not_started: the earlier run of %s (pid %s) is still stopping (%s); this "
+                          "start begins when it ends" % (self.config.unit, earlier.get("pid") or "?", earlier.get("state")))
+        self._enter(NOT_STARTED, t)
+        st.t_prev = snap.t
+        verdict = self._fill(verdict, t, snap, {})
+        verdict.pid = None  # the stopping run's pid is not this start's
+        return verdict
 
     # -- the ranks' stacks ----------------------------------------------------------------
     def _read_stacks(self, t, snap):

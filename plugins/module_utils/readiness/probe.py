@@ -44,6 +44,8 @@ class HostProbe(object):
         self.reads_prev = (None, None)  # the tree's rchar and read_bytes at the previous look
         self.sources = []
         self.journal = None
+        self.awaiting_next_run = False
+        self.earlier_invocation = None
         self.root_start = None
         if config.unit:
             try:
@@ -52,10 +54,13 @@ class HostProbe(object):
                 raise InputError("unit", "cannot ask systemd about %s: %s" % (config.unit, exc))
             if props.get("LoadState") == "not-found":
                 raise InputError("unit", "unit %s does not exist on this host" % config.unit)
-            self.journal = JournalReader(config.unit, runner=runner,
-                                         invocation_id=props.get("InvocationID") or None,
-                                         main_pid=props.get("MainPID"))
-            self.sources.append(self.journal)
+            # A wait begun while the unit stops (a restart's stop drains requests for up to
+            # model_service_drain_seconds, and the stopping server still answers HTTP) is about the
+            # run that follows: the stopping run's lines and answers are not its story.
+            self.awaiting_next_run = props.get("ActiveState") == "deactivating"
+            self.earlier_invocation = (props.get("InvocationID") or None) if self.awaiting_next_run else None
+            if not self.awaiting_next_run:
+                self._follow_journal(props)
         else:
             root = procfs.read_process(config.pid, proc_root)
             if procfs.is_gone(root):
@@ -66,6 +71,23 @@ class HostProbe(object):
             self.sources.append(FileTailer(config.log_path))
         if output is not None:
             self.sources.append(output)
+
+    def _follow_journal(self, props):
+        """Read the unit's journal from the run `props` (systemctl show) names on."""
+        self.journal = JournalReader(self.config.unit, runner=self.runner,
+                                     invocation_id=props.get("InvocationID") or None,
+                                     main_pid=props.get("MainPID"), earlier_invocation=self.earlier_invocation)
+        self.sources.insert(0, self.journal)
+
+    def _earlier_run_stopping(self, unit):
+        """{"invocation", "state", "pid"} while the run that was stopping when the wait began still
+        stops, else None (it ended: the unit shows its next run, or no run at all)."""
+        if unit is None or unit.get("ActiveState") != "deactivating":
+            return None
+        if (unit.get("InvocationID") or None) not in (None, self.earlier_invocation):
+            return None  # a later run of the unit that stops in turn is this start's own story
+        return {"invocation": self.earlier_invocation, "pid": unit.get("MainPID") or None,
+                "state": "%s, %s" % (unit.get("ActiveState"), unit.get("SubState"))}
 
     def _processes(self, unit):
         """(the root pid, {pid: info} of the server's processes, {pid: info} of modelwake's launcher
@@ -107,6 +129,12 @@ class HostProbe(object):
                 unit = systemd.unit_properties(cfg.unit, self.runner)
             except systemd.SystemdError as exc:
                 errors.append(str(exc))
+            if self.awaiting_next_run:
+                stopping = self._earlier_run_stopping(unit)
+                if stopping is not None:
+                    return Snapshot(t=t, unit=unit, errors=errors, earlier_run=stopping)
+                self.awaiting_next_run = False
+                self._follow_journal(unit or {})
         root_pid, processes, launcher = self._processes(unit)
         cpu_seconds, read_bytes = self.counter.update(processes)
         # Written and socket bytes of the tree alone (a notify unit's launcher is outside it).

@@ -46,6 +46,9 @@ class Snapshot(object):
     # Unit mode, a unit whose launcher stopped a crash loop (exit status EXIT_CRASH_LOOP): its record of
     # failed starts (host/failed_starts.py), or {"error": why it could not be read}; else None.
     crash_loop: Optional[Dict[str, Any]] = None
+    # Unit mode, a look taken while the run a restart replaces still stops (the wait began during its
+    # drain): {"invocation", "state", "pid"} of that run; nothing else of this look is read. Else None.
+    earlier_run: Optional[Dict[str, Any]] = None
 
     def to_dict(self):
         return dataclasses.asdict(self)
