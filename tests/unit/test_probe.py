@@ -237,3 +237,14 @@ def test_a_wait_begun_on_a_running_unit_reads_its_run_at_once(fake_nvml):
     finally:
         proc.stdin.close()
         proc.wait()
+
+
+def test_a_single_look_at_a_stopping_unit_reports_it_as_it_is(fake_nvml):
+    """The status playbook's look (timeout 0) is not a wait for a next run: it reads the stopping unit."""
+    stopping = ("deactivating", "stop-sigterm", "old")
+    runner = RestartScript(os.getpid(), [stopping])
+    probe = HostProbe(config(unit="vllm-k26.service", url="http://127.0.0.1:%d" % closed_port(), timeout=0),
+                      runner=runner, nvml=fake_nvml)
+    look = probe.snapshot(0.0)
+    assert look.earlier_run is None and look.unit["ActiveState"] == "deactivating" and look.http is not None
+    assert runner.journal_reads == 1

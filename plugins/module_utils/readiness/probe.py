@@ -56,8 +56,9 @@ class HostProbe(object):
                 raise InputError("unit", "unit %s does not exist on this host" % config.unit)
             # A wait begun while the unit stops (a restart's stop drains requests for up to
             # model_service_drain_seconds, and the stopping server still answers HTTP) is about the
-            # run that follows: the stopping run's lines and answers are not its story.
-            self.awaiting_next_run = props.get("ActiveState") == "deactivating"
+            # run that follows: the stopping run's lines and answers are not its story. (A single look,
+            # timeout 0, as the status playbook's, reports the stopping unit as it is.)
+            self.awaiting_next_run = bool(config.timeout) and props.get("ActiveState") == "deactivating"
             self.earlier_invocation = (props.get("InvocationID") or None) if self.awaiting_next_run else None
             if not self.awaiting_next_run:
                 self._follow_journal(props)
