@@ -185,9 +185,13 @@ def plan_sample(files, sample_bytes, readers, block=BLOCK):
     share = max(block, (budget // readers) // block * block)
     ranges = []
     left = budget
+    # Enough shards: one range of each (a reader per shard); else several ranges of each.
+    ranges_per_file = 1 if len(files) >= readers else readers
     for path, size in files:
         offset = 0
-        while offset < size and left > 0 and len(ranges) < readers:
+        taken = 0
+        while offset < size and left > 0 and len(ranges) < readers and taken < ranges_per_file:
+            taken += 1
             length = min(share, size - offset, left)
             ranges.append((path, offset, length))
             offset += length
