@@ -84,10 +84,11 @@ def prefetch(files, readers=READERS, block=BLOCK, piece=PIECE, progress=None,
     read error stops every reader and raises PrefetchError naming the shard. preadv is injectable
     (a fake reader in tests: a file cut short while it is read).
     """
-    total = sum(size for _, size in files)
+    total = sum(size for _path, size in files)
     pieces = plan_pieces(files, piece)
     lock = threading.Lock()
-    state = {"bytes": 0, "next": 0, "error": None}
+    state = {"bytes": 0, "next": 0}
+    errors = []  # the first read error stops every reader
 
     def count(n):
         with lock:
@@ -97,7 +98,7 @@ def prefetch(files, readers=READERS, block=BLOCK, piece=PIECE, progress=None,
         buffer = bytearray(block)
         while True:
             with lock:
-                if state["error"] is not None or state["next"] >= len(pieces):
+                if errors or state["next"] >= len(pieces):
                     return
                 path, offset, length = pieces[state["next"]]
                 state["next"] += 1
@@ -105,8 +106,7 @@ def prefetch(files, readers=READERS, block=BLOCK, piece=PIECE, progress=None,
                 _read_piece(path, offset, length, block, buffer, preadv, count)
             except PrefetchError as exc:
                 with lock:
-                    if state["error"] is None:
-                        state["error"] = exc
+                    errors.append(exc)
                 return
 
     start = clock()
@@ -119,7 +119,7 @@ def prefetch(files, readers=READERS, block=BLOCK, piece=PIECE, progress=None,
                 "fraction": (done / float(total)) if total else 1.0,
                 "eta_seconds": ((total - done) / rate) if rate > 0 else None}
 
-    threads = [threading.Thread(target=worker) for _ in range(max(1, min(readers, len(pieces) or 1)))]
+    threads = [threading.Thread(target=worker) for _reader in range(max(1, min(readers, len(pieces) or 1)))]
     for thread in threads:
         thread.daemon = True
         thread.start()
@@ -131,8 +131,8 @@ def prefetch(files, readers=READERS, block=BLOCK, piece=PIECE, progress=None,
         alive[0].join(progress_interval)
         if progress is not None and any(thread.is_alive() for thread in threads):
             progress(report())
-    if state["error"] is not None:
-        raise state["error"]
+    if errors:
+        raise errors[0]
     final = report()
     if progress is not None:
         progress(final)

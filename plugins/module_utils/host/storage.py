@@ -126,7 +126,7 @@ def page_cache_share(paths, time_limit=5.0, clock=time.monotonic):
         except OSError as exc:
             return {"resident_bytes": 0, "checked_bytes": 0, "total_bytes": 0, "fraction": None,
                     "complete": False, "error": "%s: %s" % (os.path.basename(path), exc.strerror or exc)}
-    total = sum(size for _, size in sizes)
+    total = sum(size for _path, size in sizes)
     deadline = clock() + time_limit
     resident = checked = 0
     error = None
@@ -153,7 +153,7 @@ def read_meminfo(path=MEMINFO):
     values = {}
     with open(path) as handle:
         for line in handle:
-            name, _, rest = line.partition(":")
+            name, _colon, rest = line.partition(":")
             fields = rest.split()
             if fields and fields[0].isdigit():
                 values[name.strip()] = int(fields[0]) * (1024 if fields[1:2] == ["kB"] else 1)
@@ -286,7 +286,7 @@ def measure_read_rate(files, sample_bytes=SAMPLE_BYTES, max_seconds=SAMPLE_SECON
                if drop_first else "cold: sample was not in the page cache (checked with mincore)")
     return {"rate_bytes_per_s": sampled / seconds, "sampled_bytes": sampled, "seconds": seconds,
             "readers": len(ranges), "cold": cold, "how": how,
-            "resident_before_bytes": resident if resident is not None else None}
+            "resident_before_bytes": resident}
 
 
 def model_files(model_dir):

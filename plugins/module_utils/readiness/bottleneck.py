@@ -24,6 +24,7 @@ What to try, per engine (options checked against the engines' documentation):
 Whichever the engine: `model_service_prefetch: on` reads the model into the page cache at the
 disk's speed before the engine starts, so every rank's faults are served from memory.
 """
+from ..common.units import MIB
 
 # The load is "far below" the disk under this fraction of the disk's rate...
 SLOW_FRACTION = 1.0 / 3.0
@@ -35,7 +36,6 @@ MMAP_RCHAR_FRACTION = 0.10
 # network, not from this disk, so the disk's rate is not the yardstick.
 FROM_DISK_FRACTION = 0.5
 
-MIB = 1024 * 1024
 
 ADVICE = {
     ("vllm", "mmap"): "vLLM: --safetensors-load-strategy eager (or --load-format fastsafetensors)",
