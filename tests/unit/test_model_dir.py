@@ -318,7 +318,7 @@ def test_the_figures_of_a_cold_model_give_the_disk_rate_and_the_expected_load(mo
     assert figures["mem_holds_model"] == pytest.approx(figures["mem_available_bytes"] / found["total_bytes"], rel=0.01)
     summary = modeldir.storage_summary(path, dict(found, **figures))
     assert summary.startswith("%s: 4 shards, " % path)
-    assert "/s cold (4 readers, %d MiB sampled), expected load time %s" % (
+    assert "/s cold, 4 readers (%d MiB sampled), expected load time %s" % (
         round(found["total_bytes"] / MIB), figures["expected_load"]) in summary
     assert "; page cache holds 0% of it" in summary
     assert "estimate too low" not in summary
@@ -348,7 +348,8 @@ def test_a_sample_the_page_cache_keeps_is_warm_and_gives_no_estimate(model):
     assert figures["expected_load_seconds"] is None and figures["expected_load"] == "unknown"
     assert figures["page_cache_fraction"] == 1.0
     summary = modeldir.storage_summary(path, dict(found, **figures))
-    assert "/s warm: estimate too low (2 readers, " in summary
+    assert ", 2 readers (%d MiB sampled), warm: estimate too low (100%% of the sample stayed in the page cache" % (
+        round(figures["read_bytes"] / MIB)) in summary
     assert "expected load time unknown" in summary and "page cache holds 100% of it" in summary
 
 

@@ -13,7 +13,7 @@ import os
 
 from ..common.errors import InputError
 from ..common.formatting import duration, size
-from ..common.units import MIB
+from ..common.units import GIB, MIB
 from ..host import storage
 from . import shards
 
@@ -144,17 +144,19 @@ def storage_figures(path, found, sample_bytes, readers=storage.READERS, max_seco
 def storage_summary(path, result):
     """The preflight's one line: size, the disk's rate and how it was read, the expected load time,
     memory against the model and the page cache's share."""
-    line = "%s: %d shards, %s" % (path, result["shard_count"], size(result["total_bytes"]))
+    line = "%s: %d shards, %.1f GiB" % (path, result["shard_count"], result["total_bytes"] / float(GIB))
     if result.get("read_rate_mib") is None:
         line += "; read rate not measured"
     else:
-        how = "%d readers, %s sampled" % (result["read_readers"], size(result["read_bytes"], mib_digits=0))
+        line += "; disk read %s/s" % size(result["read_rate_mib"] * MIB, mib_digits=0)
+        sampled = "%d reader%s (%s sampled" % (result["read_readers"], "" if result["read_readers"] == 1 else "s",
+                                               size(result["read_bytes"], mib_digits=0))
         if result["read_cold"]:
-            line += "; disk read %s/s cold (%s), expected load time %s" % (
-                size(result["read_rate_mib"] * MIB), how, result["expected_load"])
+            line += " cold, %s), expected load time %s" % (sampled, result["expected_load"])
         else:
-            line += ("; disk read %s/s warm: estimate too low (%s; %s), expected load time unknown"
-                     % (size(result["read_rate_mib"] * MIB), how, result["read_how"]))
+            why = result["read_how"]
+            why = why[len("warm: "):] if why.startswith("warm: ") else why
+            line += ", %s), warm: estimate too low (%s), expected load time unknown" % (sampled, why)
     if result.get("mem_holds_model") is not None:
         line += "; memory available %s, %.1fx the model" % (size(result["mem_available_bytes"]),
                                                             result["mem_holds_model"])
