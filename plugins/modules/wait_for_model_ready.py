@@ -129,7 +129,7 @@ options:
     type: int
   tensor_parallel:
     description:
-      - The engine's ranks on this host (its tensor-parallel size): with mmap every rank faults the
+      - The engine's ranks on this host (its tensor-parallel size). With mmap every rank faults the
         same files, which the slow-load line says.
     type: int
     default: 1
