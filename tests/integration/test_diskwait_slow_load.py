@@ -153,3 +153,46 @@ def test_a_load_at_the_disk_s_speed_is_never_named(disk):
     # Not slow at all, rather than not slow for long enough: its rate is that of the disk.
     rates = [v.read_rate for v in loading if v.read_rate]
     assert max(rates) > disk_rate / 3, (rates, disk_rate)
+
+
+# -- the demo's expected load time against its measured load (issue #34's "within 2x") -----------------
+# The demo (inventories/demo) runs the simulated K2.6: SGLang's protocol, TP 8, 64 shards, the
+# simulator's default pace of 50 MiB/s. Here the same shape, smaller, on this machine's disk: the
+# preflight's figures (modeldir.storage_figures, as model_dir_facts computes them) against the
+# engine's own "Load weight end. elapsed=" at the demo's pace and unpaced.
+
+def sim_load_seconds(runner, model, *extra):
+    sim = runner.start("sglang", model, "--tp", "8", "--start-seconds", "0.2", "--init-seconds", "0.2",
+                       "--warmup-seconds", "0.2", *extra)
+    try:
+        sim.wait_log("Load weight end.", timeout=120)
+        return float(sim.log().split("Load weight end. elapsed=")[1].split(" s")[0])
+    finally:
+        runner.stop(sim)
+
+
+def test_the_demo_s_expected_load_against_the_simulated_load(tmp_path):
+    from ansible_collections.modelwake.serving.plugins.module_utils.preflight import modeldir
+    from tests.helpers.simharness import SimRunner, make_model, weights_bytes
+
+    model = make_model(tmp_path / "k26-sim", size_mib=1024, shards=64)  # synced and dropped, as make-model now does
+    runner = SimRunner(tmp_path)
+    try:
+        paced = sim_load_seconds(runner, model)  # the demo's: 50 MiB/s whatever the disk
+        # The preflight measures just before the start, as deploy-k26.yml does (and not in the
+        # moments after the model was written, whose writeback still loads this VM's disk).
+        found = modeldir.inspect(model)
+        figures = modeldir.storage_figures(model, found, 2048 * MIB)
+        assert figures["read_cold"], figures["read_how"]
+        expected = figures["expected_load_seconds"]
+        unpaced = sim_load_seconds(runner, model, "--load-rate-mib", "1000000")  # as fast as the disk reads
+    finally:
+        runner.stop_all()
+    print("disk %.0f MiB/s cold, expected load %.2f s; the sim at its default pace %.2f s, unpaced %.2f s"
+          % (figures["read_rate_mib"], expected, paced, unpaced))
+    # The default pace is the simulator's, not the disk's: the preflight cannot predict it, and the
+    # wait's slow-load line is what the demo shows instead (docs/readiness.md, "Slow loads").
+    assert paced == pytest.approx(weights_bytes(model) / (50.0 * MIB), rel=0.25)
+    assert paced > 2 * expected
+    # Loading at the disk's own speed, the estimate holds within 2x.
+    assert expected / 2 <= unpaced <= 2 * expected, (expected, unpaced)

@@ -123,3 +123,20 @@ def test_model_files_lists_the_shards_only(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     assert storage.model_files(str(tmp_path)) == [
         (str(tmp_path / "a.safetensors"), 2 * MIB), (str(tmp_path / "b.safetensors"), MIB)]
+
+
+def test_many_small_shards_make_a_sample_of_many_ranges():
+    """64 shards of 32 MiB (the demo's model) and 4 readers: the 2 GiB sample is every shard, not
+    the first four (a 128 MiB sample, mostly the threads' start-up)."""
+    files = [("model-%05d" % i, 32 * MIB) for i in range(64)]
+    ranges = storage.plan_sample(files, 2048 * MIB, 4, block=16 * MIB)
+    assert len(ranges) == 64 and sum(r[2] for r in ranges) == 2048 * MIB
+    assert sorted(r[0] for r in ranges) == sorted(f[0] for f in files)
+    capped = storage.plan_sample(files, 100 * MIB, 4, block=16 * MIB)
+    assert [r[2] for r in capped] == [16 * MIB] * 6 + [4 * MIB]  # a reader's share of each shard at most
+
+
+def test_a_sample_of_many_shards_is_read_whole_by_a_few_readers(tmp_path):
+    paths = [write_file(tmp_path / ("model-%05d-of-00012.safetensors" % (i + 1)), 4 * MIB) for i in range(12)]
+    result = storage.measure_read_rate([(p, 4 * MIB) for p in paths], sample_bytes=64 * MIB, readers=4, block=MIB)
+    assert result["sampled_bytes"] == 48 * MIB and result["readers"] == 4

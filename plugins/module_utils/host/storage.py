@@ -172,11 +172,13 @@ def memory_for_model(model_bytes, meminfo_path=MEMINFO):
 
 
 def plan_sample(files, sample_bytes, readers, block=BLOCK):
-    """The ranges to read: [(path, offset, length)], one per reader where the files allow.
+    """The ranges to read: [(path, offset, length)], each reader taking the next one free.
 
-    files: [(path, size)]. Each reader gets its own shard when there are enough shards (as loaders
-    that read shards in parallel do), else its own range of the largest ones. Lengths are whole
-    blocks where the file is that large; the total stays within sample_bytes.
+    files: [(path, size)]. With at least as many shards as readers, each range is a shard of its own
+    (as loaders that read shards in parallel do), up to a reader's share of the sample, and the
+    shards follow one another until the sample is taken: many small shards make a sample of many
+    ranges. With fewer shards than readers, each reader gets its own range of the largest ones.
+    Lengths are whole blocks where the file is that large; the total stays within sample_bytes.
     """
     files = sorted((f for f in files if f[1] > 0), key=lambda f: (-f[1], f[0]))
     if not files or sample_bytes <= 0 or readers <= 0:
@@ -185,22 +187,21 @@ def plan_sample(files, sample_bytes, readers, block=BLOCK):
     share = max(block, (budget // readers) // block * block)
     ranges = []
     left = budget
+    split = len(files) < readers
     # Enough shards: one range of each (a reader per shard); else several ranges of each.
-    ranges_per_file = 1 if len(files) >= readers else readers
+    ranges_per_file = readers if split else 1
     for path, size in files:
         offset = 0
         taken = 0
-        while offset < size and left > 0 and len(ranges) < readers and taken < ranges_per_file:
+        while offset < size and left > 0 and taken < ranges_per_file and not (split and len(ranges) >= readers):
             taken += 1
             length = min(share, size - offset, left)
             ranges.append((path, offset, length))
             offset += length
             left -= length
-        if len(ranges) >= readers or left <= 0:
+        if left <= 0 or (split and len(ranges) >= readers):
             break
     return ranges
-
-
 def _drop(path, offset, length):
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -209,22 +210,27 @@ def _drop(path, offset, length):
         os.close(fd)
 
 
-def _read_range(path, offset, length, deadline, block, clock, counts, index):
-    """Read path[offset:offset+length] in blocks into one reused buffer until done or the deadline."""
+def _read_ranges(ranges, next_range, deadline, block, clock, counts):
+    """Read the ranges next_range() hands out, in blocks into one reused buffer, until none is
+    left or the deadline; counts[i] is what was read of ranges[i]."""
     buffer = bytearray(block)
-    done = 0
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        while done < length and clock() < deadline:
-            want = min(block, length - done)
-            view = memoryview(buffer)[:want]
-            got = os.preadv(fd, [view], offset + done)
-            if got <= 0:
-                break
-            done += got
-    finally:
-        os.close(fd)
-    counts[index] = done
+    while clock() < deadline:
+        index = next_range()
+        if index is None:
+            return
+        path, offset, length = ranges[index]
+        done = 0
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while done < length and clock() < deadline:
+                want = min(block, length - done)
+                got = os.preadv(fd, [memoryview(buffer)[:want]], offset + done)
+                if got <= 0:
+                    break
+                done += got
+        finally:
+            os.close(fd)
+        counts[index] = done
 
 
 def measure_read_rate(files, sample_bytes=SAMPLE_BYTES, max_seconds=SAMPLE_SECONDS, readers=READERS,
@@ -252,11 +258,21 @@ def measure_read_rate(files, sample_bytes=SAMPLE_BYTES, max_seconds=SAMPLE_SECON
         resident = None
         resident_note = exc.strerror or str(exc)
     counts = [0] * len(ranges)
+    handed = [0]
+    lock = threading.Lock()
+
+    def next_range():
+        with lock:
+            if handed[0] >= len(ranges):
+                return None
+            handed[0] += 1
+            return handed[0] - 1
+
+    workers = min(readers, len(ranges))
     start = clock()
     deadline = start + max_seconds
-    threads = [threading.Thread(target=_read_range, args=(path, offset, length, deadline, block, clock,
-                                                          counts, index))
-               for index, (path, offset, length) in enumerate(ranges)]
+    threads = [threading.Thread(target=_read_ranges, args=(ranges, next_range, deadline, block, clock, counts))
+               for _worker in range(workers)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -285,7 +301,7 @@ def measure_read_rate(files, sample_bytes=SAMPLE_BYTES, max_seconds=SAMPLE_SECON
         how = ("cold: sample dropped from the page cache (posix_fadvise DONTNEED) and checked with mincore"
                if drop_first else "cold: sample was not in the page cache (checked with mincore)")
     return {"rate_bytes_per_s": sampled / seconds, "sampled_bytes": sampled, "seconds": seconds,
-            "readers": len(ranges), "cold": cold, "how": how,
+            "readers": workers, "cold": cold, "how": how,
             "resident_before_bytes": resident}
 
 
