@@ -202,6 +202,8 @@ def plan_sample(files, sample_bytes, readers, block=BLOCK):
         if left <= 0 or (split and len(ranges) >= readers):
             break
     return ranges
+
+
 def _drop(path, offset, length):
     fd = os.open(path, os.O_RDONLY)
     try:
