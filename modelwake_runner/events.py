@@ -8,7 +8,7 @@ one object per line:
     {"event": "task_end", "host": "k26-1", "task": "...", "status": "ok|changed|failed|skipped|unreachable"}
     {"event": "progress", "host": "k26-1", "unit": "sglang-k26.service", "phase": "loading", "elapsed": 95,
      "bytes_read": ..., "read_rate": ..., "eta": ..., "shards": [39, 64], "log_line": "...", "where": "...",
-     "stacks": [...], "line": "loading 1m35s | read ..."}
+     "stacks": [...], "bottleneck": "loading at 575 MiB/s, 12x below ...", "line": "loading 1m35s | read ..."}
     {"event": "verdict", "host": "k26-1", "unit": "sglang-k26.service", "phase": "ready", "elapsed": 412,
      "msg": "...", "phases": [...], "evidence": {...}}
     {"event": "recap", "hosts": {"k26-1": {"ok": 63, "changed": 2, "failed": 0, ...}}}
@@ -29,10 +29,11 @@ WAIT_ACTION = "wait_for_model_ready"
 # A look's keys a pipeline may want; the rest of the result (cost, internals) stays out.
 LOOK_KEYS = ("unit", "phase", "elapsed", "bytes_read", "read_rate", "fraction", "eta", "shards", "gpu",
              "log_line", "where", "stacks", "stacks_unavailable", "since", "last_progress", "source",
-             "usual", "start_eta", "slower_than_usual")
+             "usual", "start_eta", "slower_than_usual", "bottleneck")
+# bottleneck: a load far below the disk's measured rate (docs/readiness.md, "Slow loads").
 # usual, start_eta, slower_than_usual, last_start, budgets: the host's record of earlier starts (docs/operating.md).
 VERDICT_KEYS = ("unit", "phase", "elapsed", "msg", "phases", "evidence", "where", "stacks", "restarts", "pid", "hold",
-                "usual", "start_eta", "slower_than_usual", "last_start", "budgets")
+                "usual", "start_eta", "slower_than_usual", "last_start", "budgets", "bottleneck")
 TASK_END = {"runner_on_ok": "ok", "runner_on_failed": "failed", "runner_on_skipped": "skipped",
             "runner_on_unreachable": "unreachable"}
 ITEM_END = {"runner_item_on_ok": "ok", "runner_item_on_failed": "failed"}

@@ -65,6 +65,8 @@ def progress_line(host, result, info):
         parts.append(text)
     if result.get("source"):
         parts.append(source_words(result["source"]))  # weights from the network: a download, a stream
+    if result.get("bottleneck"):
+        parts.append(result["bottleneck"])  # a load far below the disk's measured rate, and what to try
     if result.get("shards"):
         parts.append("shards %d/%d" % tuple(result["shards"]))
     if result.get("eta") is not None:

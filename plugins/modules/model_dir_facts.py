@@ -22,8 +22,13 @@ description:
     (a C(SHA256SUMS) file, or the C(.cache/huggingface/download/*.metadata) a Hugging Face download
     leaves) and refuses a mismatch. A verified shard is remembered by size and mtime in
     I(state_dir), so an unchanged copy is hashed once.
-  - Reads up to I(read_sample_mib) of the largest shard, after dropping its cached pages with
-    C(posix_fadvise(DONTNEED)), to measure the disk's read rate and estimate the load time.
+  - Measures the cold sequential read rate of the model's own shards where they live - up to
+    I(read_sample_mib) in all, for at most I(read_seconds), with I(read_readers) parallel readers
+    as a fast loader reads - after dropping the sample from the page cache with
+    C(posix_fadvise(DONTNEED)) and checking with C(mincore) that it is out; the expected load time
+    comes from that rate. A sample that stayed cached (dirty pages of files written moments ago, or
+    mapped by a running process) is reported as warm and gives no expected load time.
+  - Also reports MemAvailable against the model's size and how much of the model the page cache holds.
   - Never writes the model; with I(verify_checksums) it writes only its record in I(state_dir).
 options:
   path:
@@ -31,9 +36,17 @@ options:
     type: path
     required: true
   read_sample_mib:
-    description: MiB of one shard to read for the rate measurement; 0 skips it.
+    description: MiB of the shards to read for the rate measurement; 0 skips it.
     type: int
-    default: 256
+    default: 2048
+  read_readers:
+    description: Parallel readers of the rate measurement, each on its own shard or range.
+    type: int
+    default: 4
+  read_seconds:
+    description: At most this many seconds of reading for the rate measurement.
+    type: float
+    default: 10
   verify_checksums:
     description:
       - Hash every shard that has a published SHA-256 and refuse a mismatch (reads the whole model once).
@@ -53,7 +66,7 @@ EXAMPLES = r"""
 - name: Check the model and measure the read rate
   modelwake.serving.model_dir_facts:
     path: /root/models/Kimi-K2.6
-    read_sample_mib: 256
+    read_sample_mib: 2048
   register: gpu_preflight_model
 """
 
@@ -101,11 +114,43 @@ read_seconds:
   returned: always
   type: float
 read_rate_mib:
-  description: Measured read rate in MiB/s (null when not measured).
+  description: Measured read rate in MiB/s, cold or warm (null when not measured).
   returned: always
   type: float
+read_readers:
+  description: Parallel readers the measurement used.
+  returned: always
+  type: int
+read_cold:
+  description: Whether the sample was out of the page cache before the read (checked with mincore); null when not measured.
+  returned: always
+  type: bool
+read_how:
+  description: How the sample was made cold, or why it was not (the rate is then the cache's).
+  returned: always
+  type: str
+disk_rate_bytes_per_s:
+  description: The disk's cold read rate in bytes/s (null when not measured or warm); the wait compares the load with it.
+  returned: always
+  type: int
+mem_available_bytes:
+  description: The host's MemAvailable.
+  returned: always
+  type: int
+mem_holds_model:
+  description: MemAvailable divided by the model's size (null for an empty model).
+  returned: always
+  type: float
+page_cache_fraction:
+  description: Share of the shards the page cache held before the measurement (mincore; null when it cannot tell).
+  returned: always
+  type: float
+summary:
+  description: The figures in one line (size, the disk's rate cold or warm, expected load, memory, page cache).
+  returned: always
+  type: str
 expected_load_seconds:
-  description: total_bytes at the measured rate (null when not measured).
+  description: total_bytes at the measured cold rate (null when not measured or warm).
   returned: always
   type: float
 expected_load:
@@ -118,15 +163,17 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import InputError
-from ansible_collections.modelwake.serving.plugins.module_utils.common.formatting import duration
 from ansible_collections.modelwake.serving.plugins.module_utils.common.units import MIB
 from ansible_collections.modelwake.serving.plugins.module_utils.preflight import checksums
-from ansible_collections.modelwake.serving.plugins.module_utils.preflight.modeldir import inspect, measure_read_rate, problems
+from ansible_collections.modelwake.serving.plugins.module_utils.preflight.modeldir import (
+    inspect, problems, storage_figures, storage_summary)
 
 
 ARGUMENT_SPEC = {
     "path": {"type": "path", "required": True},
-    "read_sample_mib": {"type": "int", "default": 256},
+    "read_sample_mib": {"type": "int", "default": 2048},
+    "read_readers": {"type": "int", "default": 4},
+    "read_seconds": {"type": "float", "default": 10},
     "verify_checksums": {"type": "bool", "default": False},
     "state_dir": {"type": "path", "default": "/var/lib/modelwake/model-checks"},
 }
@@ -143,12 +190,14 @@ def main():
         module.fail_json(msg="path must be absolute, got %r" % path)
     if sample_mib < 0:
         module.fail_json(msg="read_sample_mib must be 0 or more, got %d" % sample_mib)
+    if module.params["read_readers"] < 1 or module.params["read_seconds"] <= 0:
+        module.fail_json(msg="read_readers must be 1 or more and read_seconds more than 0, got %d and %s"
+                         % (module.params["read_readers"], module.params["read_seconds"]))
     try:
         found = inspect(path)
     except InputError as exc:
         module.fail_json(msg=str(exc))
-    result = dict(found, problems=problems(found), read_bytes=0, read_seconds=None,
-                  read_rate_mib=None, expected_load_seconds=None, expected_load="unknown")
+    result = dict(found, problems=problems(found))
     result.pop("shards")
     changed = False
     if module.params["verify_checksums"] and not result["problems"]:
@@ -166,13 +215,10 @@ def main():
         if verified["source"] is None:
             module.warn("verify_checksums: %s has no SHA256SUMS and no Hugging Face download metadata: "
                         "only the shards' headers were checked" % path)
-    if sample_mib and found["shards"] and not result["problems"]:
-        largest = max(found["shards"], key=lambda s: s["size"])
-        done, seconds, rate = measure_read_rate(os.path.join(path, largest["name"]), sample_mib * MIB)
-        if done:
-            result.update(read_bytes=done, read_seconds=round(seconds, 3), read_rate_mib=round(rate, 1),
-                          expected_load_seconds=round(found["total_bytes"] / (rate * MIB), 1),
-                          expected_load=duration(found["total_bytes"] / (rate * MIB)))
+    # A damaged model is refused anyway: its rate is not worth the reading.
+    result.update(storage_figures(path, found, sample_mib * MIB if not result["problems"] else 0,
+                                  readers=module.params["read_readers"], max_seconds=module.params["read_seconds"]))
+    result["summary"] = storage_summary(path, result)
     module.exit_json(changed=changed, **result)
 
 

@@ -34,7 +34,7 @@ PLAY = """
   tasks:
     - name: Show what the preflight keeps for the model's service
       ansible.builtin.debug:
-        msg: "expected load seconds: {{ gpu_preflight_expected_load_seconds }}"
+        msg: "expected load seconds: {{ gpu_preflight_expected_load_seconds }}, disk rate: {{ gpu_preflight_disk_rate }}"
 """
 
 
@@ -71,6 +71,11 @@ def model(tmp_path):
         {"metadata": {"total_size": 4 * 8 * MIB}, "weight_map": dict(("w%d" % i, n) for i, n in enumerate(names))}))
     for i, name in enumerate(names):
         save_file({"w%d" % i: numpy.frombuffer(os.urandom(8 * MIB), dtype=numpy.uint8)}, str(path / name))
+        # On disk, as a downloaded model is: dirty pages of a file just written stay cached, and the
+        # preflight then reads its sample warm and gives no estimate (a unit test covers that case).
+        fd = os.open(str(path / name), os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
     return path
 
 
@@ -98,8 +103,11 @@ def test_free_gpus_and_a_complete_model_pass(tmp_path, gpu_dir, model):
     assert "4 shards, 0.0 GiB; disk read" in out
     assert "(4 MiB sampled), expected load time" in out
     # 32 MiB read from a fast disk or the page cache rounds to 0.0 s: still measured, so 1 s at least.
-    expected = re.search(r"expected load seconds: (\d+)", out)
+    expected = re.search(r"expected load seconds: (\d+), disk rate: (\d+)", out)
     assert expected and int(expected.group(1)) >= 1, out
+    assert int(expected.group(2)) > 0, out
+    # 4 MiB asked: one reader's range (the blocks are 16 MiB), read cold as the fixture synced it.
+    assert "/s cold, 1 reader (4 MiB sampled), expected load time" in out
     assert "no process holds the needed GPUs" in out
     assert "0/97887" in out
     # The health read through nvidia-smi (no driver library here): the fake's healthy defaults.

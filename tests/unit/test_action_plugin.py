@@ -85,3 +85,11 @@ def test_a_wait_that_ended_without_a_verdict_keeps_its_last_look_and_says_why():
     assert "pid 4321" in killed["msg"] and "in phase loading" in killed["msg"]
     cleaned = action.ended_without_verdict("gone", None, FOLLOW)
     assert FOLLOW["path"] in cleaned["msg"]
+
+
+def test_a_slow_load_s_line_follows_the_rate():
+    slow = "loading at 50 MiB/s, 68x below this disk's 3.6 GB/s: reads too few or too small to fill the device"
+    line = action.progress_line("k26-1", loading_result(bottleneck=slow), INFO)
+    assert line.startswith("wait_for_model_ready [k26-1]: loading 1m40s | read 1.2 GiB / 2.0 GiB (62 %) at 50.0 MiB/s | "
+                           + slow + " | shards 39/64 |")
+    assert " below this disk" not in action.progress_line("k26-1", loading_result(bottleneck=""), INFO)

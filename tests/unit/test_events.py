@@ -93,3 +93,19 @@ def test_a_skipped_wait_and_other_callbacks_give_no_verdict():
     events, objects = translate([skipped, poll, {"event": "verbose", "event_data": {}}])
     assert objects == [{"event": "task_end", "host": "k26-1", "task": "Wait", "status": "skipped"}]
     assert events.verdicts == {} and not events.all_ready()  # no recap: the run did not end
+
+
+def test_a_slow_load_s_line_reaches_the_looks_and_the_verdict():
+    """The wait's `bottleneck` passes through to a pipeline: in each look that has it and in the verdict."""
+    slow = "loading at 575 MiB/s, 12x below this disk's 7.0 GB/s: page faults through mmap"
+    runner_events = copy.deepcopy(recorded())
+    for event in runner_events:
+        res = (event.get("event_data") or {}).get("res") or {}
+        if event["event"] == "runner_on_async_poll" and res.get("modelwake_look"):
+            res["bottleneck"] = slow
+        elif event["event"] in ("runner_on_ok", "runner_on_failed") and "phase" in res:
+            res["bottleneck"] = ""
+    _events, objects = translate(runner_events)
+    looks = kinds(objects, "progress")
+    assert looks and all(look["bottleneck"] == slow for look in looks)
+    assert all(verdict["bottleneck"] == "" for verdict in kinds(objects, "verdict"))

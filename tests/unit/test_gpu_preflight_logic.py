@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from ansible_collections.modelwake.serving.plugins.module_utils.preflight import holders, modeldir
+from ansible_collections.modelwake.serving.plugins.module_utils.preflight import holders
 from ansible_collections.modelwake.serving.plugins.module_utils.host.gpu import GpuReader
 from tests.helpers.fakes import fresh_nvml_api
 
@@ -146,13 +146,3 @@ def test_survey_without_gpus(tmp_path):
     result = holders.survey(reader=GpuReader(nvml=NoNvml(), runner=no_smi), proc_root=str(tmp_path))
     assert result["gpus"] == [] and result["backend"] == "none"
     assert "NVML Shared Library Not Found" in result["backend_error"]
-
-
-def test_read_rate_with_an_injected_clock(tmp_path):
-    path = tmp_path / "shard"
-    path.write_bytes(b"y" * (3 * MIB))
-    ticks = iter([10.0, 12.0])
-    done, seconds, rate = modeldir.measure_read_rate(str(path), 2 * MIB, clock=lambda: next(ticks), chunk=MIB)
-    assert (done, seconds, rate) == (2 * MIB, 2.0, 1.0)
-
-

@@ -282,3 +282,81 @@ def test_a_malformed_sums_file_is_refused_naming_the_line(model, tmp_path):
     with pytest.raises(InputError) as err:
         checksums.verify(path, names, str(tmp_path / "state"))
     assert err.value.field == "model_path" and "SHA256SUMS line 1 is not '<sha256>  <file>'" in str(err.value)
+
+
+# -- the storage's figures (the disk's cold rate, memory, page cache) ------------------------------
+
+def sync_and_drop(path, names):
+    """Write the shards to disk and drop them from the page cache (clean pages: DONTNEED drops them)."""
+    for name in names:
+        fd = os.open(os.path.join(path, name), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def test_the_figures_of_a_cold_model_give_the_disk_rate_and_the_expected_load(model):
+    path, names = model
+    sync_and_drop(path, names)
+    found = modeldir.inspect(path)
+    sync_and_drop(path, names)  # inspect() read the headers and samples back in
+    figures = modeldir.storage_figures(path, found, 64 * MIB, readers=4)
+    if figures["read_cold"] is False and "stayed in the page cache" in figures["read_how"]:
+        pytest.skip("this filesystem keeps clean pages after DONTNEED: no cold read possible here")
+    assert figures["read_cold"] is True, figures["read_how"]
+    assert figures["read_bytes"] == found["total_bytes"]  # the sample covers this small model
+    assert figures["read_readers"] == 4  # one shard each
+    assert figures["page_cache_fraction"] == 0.0  # checked before the read
+    rate = figures["read_bytes"] / figures["read_seconds"]
+    assert figures["disk_rate_bytes_per_s"] == pytest.approx(rate, rel=0.01)
+    assert figures["expected_load_seconds"] == pytest.approx(found["total_bytes"] / rate, abs=0.11)
+    with open("/proc/meminfo") as handle:
+        available = [int(line.split()[1]) * 1024 for line in handle if line.startswith("MemAvailable:")][0]
+    assert figures["mem_available_bytes"] == pytest.approx(available, rel=0.2)
+    assert figures["mem_holds_model"] == pytest.approx(figures["mem_available_bytes"] / found["total_bytes"], rel=0.01)
+    summary = modeldir.storage_summary(path, dict(found, **figures))
+    assert summary.startswith("%s: 4 shards, " % path)
+    assert "/s cold, 4 readers (%d MiB sampled), expected load time %s" % (
+        round(found["total_bytes"] / MIB), figures["expected_load"]) in summary
+    assert "; page cache holds 0% of it" in summary
+    assert "estimate too low" not in summary
+
+
+def test_a_sample_the_page_cache_keeps_is_warm_and_gives_no_estimate(model):
+    """A running process's mapping keeps the pages in the cache whatever DONTNEED asks: the read is
+    the cache's, reported as such, and neither the disk's rate nor an expected load comes of it."""
+    import mmap
+    path, names = model
+    found = modeldir.inspect(path)
+    maps = []
+    try:
+        for name in names:
+            with open(os.path.join(path, name), "rb") as handle:
+                mapped = mmap.mmap(handle.fileno(), 0, prot=mmap.PROT_READ)
+            sum(mapped[offset] for offset in range(0, len(mapped), mmap.PAGESIZE))  # fault every page in
+            maps.append(mapped)
+        figures = modeldir.storage_figures(path, found, 64 * MIB, readers=2)
+    finally:
+        for mapped in maps:
+            mapped.close()
+    assert figures["read_cold"] is False
+    assert figures["read_how"].startswith("warm: 100% of the sample stayed in the page cache")
+    assert figures["read_rate_mib"] > 0
+    assert figures["disk_rate_bytes_per_s"] is None
+    assert figures["expected_load_seconds"] is None and figures["expected_load"] == "unknown"
+    assert figures["page_cache_fraction"] == 1.0
+    summary = modeldir.storage_summary(path, dict(found, **figures))
+    assert ", 2 readers (%d MiB sampled), warm: estimate too low (100%% of the sample stayed in the page cache" % (
+        round(figures["read_bytes"] / MIB)) in summary
+    assert "expected load time unknown" in summary and "page cache holds 100% of it" in summary
+
+
+def test_no_sample_measures_nothing_but_still_says_memory_and_cache(model):
+    path, _names = model
+    found = modeldir.inspect(path)
+    figures = modeldir.storage_figures(path, found, 0)
+    assert (figures["read_bytes"], figures["read_rate_mib"], figures["disk_rate_bytes_per_s"]) == (0, None, None)
+    assert figures["mem_available_bytes"] > 0 and figures["page_cache_fraction"] is not None
+    assert "; read rate not measured; memory available " in modeldir.storage_summary(path, dict(found, **figures))

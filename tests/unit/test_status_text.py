@@ -5,12 +5,15 @@ exactly the phases it should (starting, loading, initializing) and nothing else.
 """
 import pytest
 
-from ansible_collections.modelwake.serving.plugins.module_utils.readiness import phases, status
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness import bottleneck, phases, status
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.verdict import Verdict
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.status import (STATUS_CHARS, format_status,
                                                                                         marker_summary, status_phase)
 
 MIB = 1024.0 * 1024.0
+# What the classifier puts in a verdict's `bottleneck` on a slow mmap load of 8 ranks (bottleneck.diagnose).
+SLOW_LINE = bottleneck.diagnose(575 * MIB, 7.0e9, "vllm", read_bytes_rate=575 * MIB, rchar_rate=0, slow_for=60,
+                                tensor_parallel=8)
 
 
 @pytest.mark.parametrize("fields, elapsed, text", [
@@ -69,6 +72,8 @@ ROUND_TRIP = [
     (dict(phase="loading"), phases.LOADING),
     (dict(phase="loading", fraction=0.5, shards=[32, 64], read_rate=400 * MIB, eta=10), phases.LOADING),
     (dict(phase="loading", bytes_read=5 * 1024 * MIB), phases.LOADING),
+    (dict(phase="loading", fraction=0.45, shards=[29, 64], read_rate=575 * MIB, eta=372, bottleneck=SLOW_LINE),
+     phases.LOADING),
     (dict(phase="initializing", evidence=["Capture cuda graph begin."]), phases.INITIALIZING),
     (dict(phase="initializing"), phases.INITIALIZING),
     (dict(phase="ready"), None),
@@ -110,3 +115,27 @@ def test_a_long_terminal_message_is_cut_to_one_short_line():
 def test_the_stacks_age_is_not_news(text, news):
     """The classifier counts a changed StatusText as progress: the stacks' `for 40s` must not be."""
     assert status.status_news(text) == news
+
+
+def test_a_slow_load_says_what_holds_it_back_in_the_status_line():
+    """The writer: the line beside the rate, without repeating it and without the notes in parentheses,
+    within the one-line limit; the reader: still a loading status, and the line is news like the rate."""
+    verdict = Verdict(phase="loading", msg="", fraction=0.45, shards=[29, 64], read_rate=575 * MIB, eta=372,
+                      bottleneck=SLOW_LINE)
+    text = format_status(verdict, 100)
+    assert text == ("loading 45% (29/64 shards, 575 MiB/s, ETA 6m12s) | 12x below this disk's 7.0 GB/s: page faults "
+                    "through mmap; vLLM: --safetensors-load-strategy eager; or model_service_prefetch: on")
+    assert len(text) <= STATUS_CHARS
+    assert status_phase(text) == phases.LOADING
+    assert status.status_news(text) == text
+    # With the usual figures and the ranks' stacks after it, still cut to one short line.
+    verdict.usual = {"loading": 960.0, "initializing": 660.0}
+    verdict.where = "TP0-7 in load_weights (loader.py:449) for 40s"
+    text = format_status(verdict, 100)
+    assert len(text) <= STATUS_CHARS and status_phase(text) == phases.LOADING
+    assert text.startswith("loading 45% (29/64 shards, 575 MiB/s, ETA 6m12s) | 12x below this disk's")
+
+
+def test_no_slow_load_no_word_of_it():
+    text = format_status(Verdict(phase="loading", msg="", read_rate=3000 * MIB, bytes_read=6 * 1024 * MIB), 10)
+    assert text == "loading (6.0 GiB read, 2.9 GiB/s)"

@@ -162,6 +162,10 @@ def _write_shard(path, header_bytes, data_bytes, block):
             chunk = min(left, len(block))
             fileobj.write(view[:chunk])
             left -= chunk
+        # On disk before it is used, as a downloaded model is: dirty pages stay in the page cache
+        # whatever posix_fadvise(DONTNEED) asks, so the preflight's cold read and the engine's
+        # "cold" load would both read memory instead of the disk.
+        os.fsync(fileobj.fileno())
     os.replace(tmp, path)
 
 

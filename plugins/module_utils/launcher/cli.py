@@ -6,6 +6,7 @@ import os
 from ..common.errors import ModelWakeError
 from ..host.hold import HOLD_DIR
 from ..readiness.config import build_config
+from .disk_rate import read_disk_rate, tensor_parallel
 from .exit_codes import EXIT_CRASH_LOOP
 from .liveness import LIVENESS_CHECKS
 from .notify import watchdog_interval
@@ -126,6 +127,8 @@ def build_launch_config(options, environ):
         "poll_interval": options.poll_interval,
         "py_spy": options.py_spy, "stacks_interval": options.stacks_interval,
         "peers": _peers(options.peer), "peer_port": options.peer_port,
+        # For the slow-load line: the preflight's disk rate (kept in the state directory) and the ranks.
+        "disk_read_rate": read_disk_rate(options.state_dir), "tensor_parallel": tensor_parallel(options.command),
     }
     if options.timeout != "auto" and options.timeout <= 0:
         raise ModelWakeError("timeout: must be greater than 0 (the launcher always waits), got %s" % options.timeout)

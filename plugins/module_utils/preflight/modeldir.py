@@ -4,16 +4,17 @@ Whole: config.json and the index parse, every shard the index names is there, ea
 header is valid and describes the file exactly, with data in its last MiB (shards.py), and
 holds every tensor the index maps to it. Headers and samples only: seconds for 548 GB.
 
-Only reads. The read-rate sample first asks the kernel to drop the sampled file's clean pages
-(posix_fadvise DONTNEED, which never writes anything), so the number is the disk's, not the page
-cache's, and then reads a bounded amount with the clock injected for tests.
+Only reads. The storage's figures (storage_figures) come from host/storage.py: a bounded sample of
+the shards read cold with parallel readers (dropped from the page cache first, verified by
+mincore), the page cache's share of the model and MemAvailable against its size.
 """
 import json
 import os
-import time
 
 from ..common.errors import InputError
-from ..common.units import MIB
+from ..common.formatting import duration, size
+from ..common.units import GIB, MIB
+from ..host import storage
 from . import shards
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -105,26 +106,60 @@ def problems(found):
     return out
 
 
-def measure_read_rate(file_path, sample_bytes, clock=time.monotonic, chunk=4 * MIB):
-    """(bytes read, seconds, MiB/s) reading up to sample_bytes of file_path from its start.
+def storage_figures(path, found, sample_bytes, readers=storage.READERS, max_seconds=storage.SAMPLE_SECONDS):
+    """What the storage under the model can do, as the module's result fields (storage.py measures).
 
-    Drops the file's cached pages first (DONTNEED only discards clean pages: nothing is written)
-    and again afterwards, so the sample does not stay in memory at the engine's expense.
+    The cold sequential read rate of a bounded sample of the model's own shards with parallel
+    readers, the page cache's share of the model (checked first: the measurement drops its sample)
+    and MemAvailable against the model's size. The expected load time and `disk_rate_bytes_per_s`
+    come from the rate only when the sample was read cold: a warm read is the page cache's speed,
+    and an estimate from it is too low (the demo's 1 s for a 45 s load).
     """
-    fd = os.open(file_path, os.O_RDONLY)
-    try:
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        done = 0
-        start = clock()
-        while done < sample_bytes:
-            data = os.read(fd, min(chunk, sample_bytes - done))
-            if not data:
-                break
-            done += len(data)
-        seconds = max(clock() - start, 1e-6)
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    return done, seconds, done / float(MIB) / seconds
+    files = [(os.path.join(path, shard["name"]), shard["size"]) for shard in found["shards"]]
+    total = found["total_bytes"]
+    figures = {"read_bytes": 0, "read_seconds": None, "read_rate_mib": None, "read_readers": 0,
+               "read_cold": None, "read_how": "not measured", "disk_rate_bytes_per_s": None,
+               "expected_load_seconds": None, "expected_load": "unknown"}
+    memory = storage.memory_for_model(total)
+    figures.update(mem_available_bytes=memory["mem_available_bytes"],
+                   mem_holds_model=(round(memory["holds_model_fraction"], 2)
+                                    if memory["holds_model_fraction"] is not None else None))
+    cache = storage.page_cache_share([name for name, _size in files])
+    figures["page_cache_fraction"] = round(cache["fraction"], 3) if cache["fraction"] is not None else None
+    if not sample_bytes or not files:
+        return figures
+    measured = storage.measure_read_rate(files, sample_bytes=sample_bytes, readers=readers, max_seconds=max_seconds)
+    rate = measured["rate_bytes_per_s"]
+    figures.update(read_bytes=measured["sampled_bytes"], read_seconds=round(measured["seconds"], 3),
+                   read_readers=measured["readers"], read_cold=measured["cold"], read_how=measured["how"])
+    if not rate:
+        return figures
+    figures["read_rate_mib"] = round(rate / MIB, 1)
+    if measured["cold"]:
+        figures.update(disk_rate_bytes_per_s=int(rate), expected_load_seconds=round(total / rate, 1),
+                       expected_load=duration(total / rate))
+    return figures
+
+
+def storage_summary(path, result):
+    """The preflight's one line: size, the disk's rate and how it was read, the expected load time,
+    memory against the model and the page cache's share."""
+    line = "%s: %d shards, %.1f GiB" % (path, result["shard_count"], result["total_bytes"] / float(GIB))
+    if result.get("read_rate_mib") is None:
+        line += "; read rate not measured"
+    else:
+        line += "; disk read %s/s" % size(result["read_rate_mib"] * MIB, mib_digits=0)
+        sampled = "%d reader%s (%s sampled" % (result["read_readers"], "" if result["read_readers"] == 1 else "s",
+                                               size(result["read_bytes"], mib_digits=0))
+        if result["read_cold"]:
+            line += " cold, %s), expected load time %s" % (sampled, result["expected_load"])
+        else:
+            why = result["read_how"]
+            why = why[len("warm: "):] if why.startswith("warm: ") else why
+            line += ", %s), warm: estimate too low (%s), expected load time unknown" % (sampled, why)
+    if result.get("mem_holds_model") is not None:
+        line += "; memory available %s, %.1fx the model" % (size(result["mem_available_bytes"]),
+                                                            result["mem_holds_model"])
+    if result.get("page_cache_fraction") is not None:
+        line += "; page cache holds %d%% of it" % round(100 * result["page_cache_fraction"])
+    return line

@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional
 from urllib.parse import urlparse
 
 from ..common.formatting import exit_words, http_result, mib as _mib
-from . import engines, xid
+from . import bottleneck, engines, xid
 from .peers import PeerTracker
 from .phases import FAILED, INITIALIZING, LOADING, NOT_STARTED, PHASES, READY, STALLED, STARTING, TIMEOUT
 from .spin import SpinTracker
@@ -87,6 +87,9 @@ class ClassifierState(object):
     load_read0: Optional[int] = None  # read_bytes before loading began (imports, libraries: no weights)
     read_samples: List[List[float]] = dataclasses.field(default_factory=list)  # [t, read_bytes] over RATE_WINDOW
     last_read_t: Optional[float] = None  # the latest look that read at least read_threshold bytes
+    rchar_samples: List[List[float]] = dataclasses.field(default_factory=list)  # [t, rchar] over RATE_WINDOW
+    # Since when the load has run far below the disk's measured rate (readiness/bottleneck.py).
+    slow_load: bottleneck.SlowLoadWindow = dataclasses.field(default_factory=bottleneck.SlowLoadWindow)
     disk_loading_seen: bool = False  # some look did
 
     # The previous look's signals, to tell what changed.
@@ -282,7 +285,7 @@ class Classifier(object):
 
         events += self._track_peers(t, snap.peers)
 
-        self._track_reads(t, proc.get("read_bytes"))
+        self._track_reads(t, proc.get("read_bytes"), proc.get("rchar"))
         alive = self._alive(snap, proc)
         dead_ranks = self._track_ranks(proc)
         verdict = self._failure(snap, t, proc, alive, dead_ranks)
@@ -379,10 +382,34 @@ class Classifier(object):
             st.read_prev = rbytes
         return delta
 
-    def _track_reads(self, t, rbytes):
+    def _track_reads(self, t, rbytes, rchar=None):
+        if rchar is not None:
+            self.state.rchar_samples = windowed(self.state.rchar_samples, t, rchar)
         if rbytes is None:
             return
         self.state.read_samples = windowed(self.state.read_samples, t, rbytes)
+
+    def _bottleneck(self, t, verdict):
+        """The slow-load line while loading runs far below the disk's measured rate for a while, else "".
+
+        The load's rate is what the tree reads: from the disk (read_bytes) or with read() calls
+        (rchar, which also counts reads served by the page cache), whichever is more. Which of the
+        two moves tells the cause (bottleneck.cause); weights from the network are not the disk's.
+        """
+        st = self.state
+        cfg = self.config
+        # Rates over the window since loading began: the imports before it are no part of the load.
+        began = st.load_t if st.load_t is not None else t
+        read_bytes_rate = window_rate([sample for sample in st.read_samples if sample[0] >= began])
+        rchar_rate = window_rate([sample for sample in st.rchar_samples if sample[0] >= began])
+        loading = verdict.phase == LOADING and verdict.source is None and read_bytes_rate is not None
+        load_rate = max(read_bytes_rate or 0.0, rchar_rate or 0.0) if loading else None
+        slow_for = st.slow_load.observe(t, load_rate, cfg.disk_rate)
+        if not loading:
+            return ""
+        return bottleneck.diagnose(load_rate, cfg.disk_rate, st.engine, read_bytes_rate=read_bytes_rate,
+                                   rchar_rate=rchar_rate, slow_for=slow_for,
+                                   tensor_parallel=cfg.tensor_parallel) or ""
 
     @staticmethod
     def _http_signature(http):
@@ -891,6 +918,9 @@ class Classifier(object):
         verdict.where = summarize(entries, st.stacks.read_t, seconds=False, short=True) if entries else ""
         verdict.stacks_unavailable = st.stacks.unavailable or ""
         verdict.source = self._source(snap)
+        verdict.bottleneck = self._bottleneck(t, verdict)
+        if verdict.bottleneck:
+            verdict.msg += "; " + verdict.bottleneck
         if verdict.phase == FAILED and entries and "; the ranks' stacks: " not in verdict.msg:
             verdict.msg += self._where_note(t)
         verdict.evidence = verdict.evidence + [q for q in self._xid_quotes() if q not in verdict.evidence]

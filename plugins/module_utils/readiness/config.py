@@ -63,6 +63,11 @@ class WaitConfig(object):
     # connections close has left the group; one never seen has not joined it.
     peers: Optional[Dict[str, List[str]]] = None
     peer_port: Optional[int] = None
+    # The disk's cold sequential read rate under the model, bytes/s (the GPU preflight's measure,
+    # host/storage.py), and the ranks on this host: a load far below that rate is named, with its
+    # likely cause (readiness/bottleneck.py). None: not measured, no such line.
+    disk_rate: Optional[float] = None
+    tensor_parallel: int = 1
     # `auto` budgets not resolved yet (start_memory.resolve_budgets): stall_timeout / timeout hold the defaults.
     stall_timeout_auto: bool = False
     timeout_auto: bool = False
@@ -198,6 +203,9 @@ def build_config(params, proc_root="/proc", starts_server=False):
         completion_timeout=_number(params, "completion_timeout", 0, strict=True) or 30,
         py_spy=params.get("py_spy") or "auto",
         stacks_interval=_number(params, "stacks_interval", 0) or 0,
+        # 0 is "not measured" (the preflight's fact when it read warm or not at all).
+        disk_rate=_number(params, "disk_read_rate", 0) or None,
+        tensor_parallel=_number(params, "tensor_parallel", 1) or 1,
     )
     if config.engine not in ENGINES:
         raise InputError("engine", "must be one of %s, got %r" % (", ".join(ENGINES), config.engine))

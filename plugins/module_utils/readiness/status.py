@@ -7,6 +7,8 @@ STATUS_CHARS characters, and its first word says the phase:
   loading 45% (29/64 shards, 412 MiB/s, ETA 6m12s)     loading, with what is known of it
   loading (3.0 GiB read, 575 MiB/s)  /  loading (since 12s)
   loading (downloading org/k26 model-00003.safetensors: 412 MiB at 30 MiB/s)   weights from the network
+  loading 45% (29/64 shards, 575 MiB/s, ETA 6m12s) | 12x below this disk's 7.0 GB/s: page faults through mmap; ...
+                                                       a load far below the disk's measured rate (bottleneck.py)
   initializing: <marker> (since 1m05s)
   starting: waiting for GPU 2's memory to be released by pid 4242 (sglang-a.service, stopping)
   starting: waiting for its turn on GPU 2: sglang-a.service (pid 4242) is starting (loading)
@@ -22,6 +24,7 @@ import re
 
 from ..common.formatting import duration, size
 from ..common.units import MIB
+from .bottleneck import for_status
 from .history import usual_line
 from .phases import INITIALIZING, LOADING, NOT_STARTED, READY, STARTING, TERMINAL
 
@@ -74,13 +77,17 @@ def format_status(verdict, elapsed):
             parts.append("ETA %s" % duration(verdict.eta))
         if getattr(verdict, "source", None):
             parts.insert(0, source_words(verdict.source))
-        return _with_where(_with_usual(head + (" (%s)" % ", ".join(parts) if parts else since), verdict, elapsed),
-                           verdict)
+        text = head + (" (%s)" % ", ".join(parts) if parts else since)
+        if getattr(verdict, "bottleneck", ""):
+            # News like the rate beside it: it comes and goes with the load's speed.
+            text += BOTTLENECK_SEPARATOR + for_status(verdict.bottleneck)
+        return _with_where(_with_usual(text, verdict, elapsed), verdict)[:STATUS_CHARS]
     what = marker_summary(verdict.evidence[0]) if verdict.evidence else ""
     return _with_where(_with_usual(phase + (": " + what if what else "") + since, verdict, elapsed), verdict)
 
 
 USUAL_SEPARATOR = " | usual: "
+BOTTLENECK_SEPARATOR = " | "
 
 
 def _with_usual(text, verdict, elapsed):
