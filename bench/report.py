@@ -252,7 +252,8 @@ def render(results, pictures):
     for label, met, number in targets(results):
         lines.append("| %s | %s | %s |" % (label, {True: "met", False: "**missed**", None: "not measured"}[met], number))
         if met is False:
-            missed.extend(note for key, note in MISS_NOTES if label.startswith(key))
+            # Several rows can share a note (the disk step's ways): say it once.
+            missed.extend(note for key, note in MISS_NOTES if label.startswith(key) and note not in missed)
     lines.append("")
     if missed:
         lines += ["Why, as far as the measurements show:", ""] + ["- " + note for note in missed] + [""]
@@ -488,14 +489,16 @@ def _disk_section(measured):
     single = [r for r in reads if r["readers"] == 1]
     after = (measured.get("disk_after") or {}).get("reads", [])
     drops = [r.get("resident_after_drop") or 0 for engine in ("vllm", "sim") for r in measured[engine]]
-    lines += ["A random-weight Llama (%s, float32: %s in %d safetensors shards, fsynced) that the pinned vLLM CPU "
+    lines += ["A random-weight Llama (%s, float32: %s (%.2f GB) in %d safetensors shards, fsynced) that the pinned vLLM CPU "
               "build loads, generated once into `MODELWAKE_CACHE/bench`. Before every run: `sync; echo 3 > "
-              "/proc/sys/vm/drop_caches`, then mincore over the shards (at most %s still resident). The disk's "
+              "/proc/sys/vm/drop_caches`, then mincore over the shards (%s). The disk's "
               "rate is `host/storage.measure_read_rate` on the same files, cold (mincore-checked), %d readers: %s; "
               "the median, **%s**, is the denominator of every share below. %d runs of each way, interleaved."
               % (", ".join("%s %s" % (key.replace("_", " "), model["arch"][key]) for key in
                            ("hidden_size", "num_hidden_layers", "vocab_size")),
-                 size(model["bytes"]), len(model["shards"]), size(max(drops or [0])), parallel[0]["readers"] if parallel
+                 size(model["bytes"]), model["bytes"] / 1e9, len(model["shards"]),
+                 "at most %s still resident" % size(max(drops)) if any(drops) else "none of it still resident",
+                 parallel[0]["readers"] if parallel
                  else 0, ", ".join(_rate(r["rate"]) for r in parallel), _rate(disk["rate"]), measured["runs"]), ""]
     for engine in ("vllm", "sim"):
         rows = measured["summary"].get(engine) or []
@@ -510,8 +513,9 @@ def _disk_section(measured):
             lines += ["The simulated engine (engines/sim, vLLM mode, `%s`) on the same files: time to its ready line, "
                       "and its `Loading weights took`. Its 8 ranks each read their own eighth of every shard with "
                       "`pread` (read(2), not mmap: it has no separate eager mode) after dropping that range from the "
-                      "page cache (`posix_fadvise DONTNEED`), so a prefetch before it is undone, and it is not a "
-                      "model of ranks that each read every shard." % " ".join(SIM_WORDS), ""]
+                      "page cache (`posix_fadvise DONTNEED`): a prefetch before it is undone, and it is not a "
+                      "model of ranks that each read every shard. Its 8 readers against the disk measurement's 4, "
+                      "and no tensors to build, put it at or above the measured rate." % " ".join(SIM_WORDS), ""]
         lines += ["| way | time to ready s | with the prefetch s | load phase s | load rate | share of the disk | "
                   "goal (>= %d %%) |" % round(100 * measured["goal_share"]), "|---|---|---|---|---|---|---|"]
         for row in rows:
@@ -531,19 +535,38 @@ def _disk_section(measured):
                                        _rate(row["prefetch_rate"]), _share(row["prefetch_share"]),
                                        ", ".join("%s s at %s" % (_num(r.get("prefetch_s"), "%.2f"),
                                                                  _rate(r.get("prefetch_rate"))) for r in mine)), ""]
+        if engine == "vllm":
+            lines += _warm_ceiling(rows, measured["model"]["bytes"])
         failed = [r for r in measured[engine] if r.get("why")]
         for record in failed:
             lines += ["- %s run %d: %s" % (record["method"], record["run"], record["why"])]
         if failed:
             lines.append("")
     lines += ["The caveat of a VM: `drop_caches` empties the guest's page cache only. This disk is a virtio device, "
-              "which the hypervisor may serve from its own cache: a single reader measured %s here (%s after the "
-              "runs, %d readers); earlier on this machine the first read of a freshly written 1 GiB file gave "
+              "which the hypervisor may serve from its own cache: a single reader measured %s here (after the "
+              "runs: %s); earlier on this machine the first read of a freshly written 1 GiB file gave "
               "~0.7 GB/s with one reader, and its repeats 1.3-3.8 GB/s. The "
               "rates above are therefore the guest's view of a cached virtual disk, not of a physical NVMe."
-              % (", ".join(_rate(r["rate"]) for r in single) or "–", ", ".join(_rate(r["rate"]) for r in after) or "–",
-                 after[0]["readers"] if after else 0), ""]
+              % (", ".join(_rate(r["rate"]) for r in single) or "–",
+                 ", ".join("%s with %d reader%s" % (_rate(r["rate"]), r["readers"], "s" if r["readers"] > 1 else "")
+                           for r in after) or "not measured"), ""]
     return lines
+
+
+def _warm_ceiling(rows, model_bytes):
+    """What the prefetch rows show: the load phase with every byte already in the page cache, the
+    most any way of reading could give on this CPU, and how much longer the cold ways took."""
+    by = dict((row["method"], row) for row in rows)
+    warm = by.get("prefetch")
+    if not warm or not warm["weights_s"]:
+        return []
+    slower = ["%s %.1f×" % (METHOD_WORDS[m].split(" (")[0], by[m]["weights_s"] / warm["weights_s"])
+              for m in ("default", "eager") if m in by and by[m]["weights_s"]]
+    return ["With the shards already in the page cache (the prefetch rows) vLLM's load phase still took %s s, "
+            "%s/s, %s of the disk's rate: that is what turning the bytes into the model's tensors costs on "
+            "this CPU, the most any way of reading could reach here. Cold, the load phase took longer by: %s."
+            % (_num(warm["weights_s"], "%.2f"), size(model_bytes / warm["weights_s"]), _share(warm["share"]),
+               ", ".join(slower) or "–"), ""]
 
 
 SIM_WORDS = ("--tp 8", "--load-rate-mib 1000000 (unpaced)")

@@ -146,7 +146,11 @@ def test_the_disk_section_gives_each_way_its_times_rate_share_and_goal():
     assert "The prefetch itself (`host/prefetch.prefetch`, 4 readers): 1.80 s at 1.6 GiB/s, 85 % of the disk's rate" in text
     assert "4 readers: 1.8 GiB/s, 1.9 GiB/s, 2.0 GiB/s; the median, **1.9 GiB/s**" in text
     assert "at most 4.0 MiB still resident" in text
-    assert "a single reader measured 858.3 MiB/s here (2.0 GiB/s after the runs, 4 readers)" in text
+    assert "a single reader measured 858.3 MiB/s here (after the runs: 2.0 GiB/s with 4 readers)" in text
+    assert "float32: 2.8 GiB (3.00 GB) in 3 safetensors shards" in text
+    # The prefetch rows are the warm ceiling: 3 GB in 10 s; the cold ways against it.
+    assert "vLLM's load phase still took 10.00 s, 286.1 MiB/s, 15 % of the disk's rate" in text
+    assert "Cold, the load phase took longer by: default loader 2.1×, `--safetensors-load-strategy eager` 2.0×." in text
     assert "it has no separate eager mode" in text
 
 
