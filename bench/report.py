@@ -492,12 +492,15 @@ def _disk_section(measured):
     lines += ["A random-weight Llama (%s, float32: %s (%.2f GB) in %d safetensors shards, fsynced) that the pinned vLLM CPU "
               "build loads, generated once into `MODELWAKE_CACHE/bench`. Before every run: `sync; echo 3 > "
               "/proc/sys/vm/drop_caches`, then mincore over the shards (%s). The disk's "
-              "rate is `host/storage.measure_read_rate` on the same files, cold (mincore-checked), %d readers: %s; "
+              "rate is `host/storage.measure_read_rate` on the same files, %s, %d readers: %s; "
               "the median, **%s**, is the denominator of every share below. %d runs of each way, interleaved."
               % (", ".join("%s %s" % (key.replace("_", " "), model["arch"][key]) for key in
                            ("hidden_size", "num_hidden_layers", "vocab_size")),
                  size(model["bytes"]), model["bytes"] / 1e9, len(model["shards"]),
                  "at most %s still resident" % size(max(drops)) if any(drops) else "none of it still resident",
+                 "cold (mincore-checked)" if all(r.get("cold") for r in reads)
+                 else "**not all cold** (mincore: %d of %d reads found the sample cached)"
+                 % (sum(1 for r in reads if not r.get("cold")), len(reads)),
                  parallel[0]["readers"] if parallel
                  else 0, ", ".join(_rate(r["rate"]) for r in parallel), _rate(disk["rate"]), measured["runs"]), ""]
     for engine in ("vllm", "sim"):

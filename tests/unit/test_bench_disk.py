@@ -154,6 +154,14 @@ def test_the_disk_section_gives_each_way_its_times_rate_share_and_goal():
     assert "it has no separate eager mode" in text
 
 
+def test_a_disk_read_that_was_not_cold_is_said():
+    measured = _measured()
+    measured["disk"]["reads"][1]["cold"] = False
+    text = "\n".join(report._disk_section(measured))
+    assert "**not all cold** (mincore: 1 of 4 reads found the sample cached)" in text
+    assert "cold (mincore-checked)" not in text
+
+
 def test_the_goal_rows_per_engine_and_way():
     rows = report._disk_targets(_measured())
     assert [(label.split(": ", 1)[1], met) for label, met, _ in rows] == [
