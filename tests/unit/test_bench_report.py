@@ -5,6 +5,7 @@ import pytest
 
 from bench import report
 from tests.helpers.paths import ROOT
+from tests.unit.test_bench_disk import _measured as disk_measured
 
 
 @pytest.mark.parametrize("scenario, approach, said, t, truth, wrong, why", [
@@ -146,6 +147,7 @@ def every_section():
                     for share, truth, eta in ((0.0, 30.0, 27.0), (0.25, 22.0, 20.0), (0.5, 15.0, 13.0),
                                               (0.75, 7.0, 5.0))]}
         for number in (1, 2, 3)]}
+    data["disk"] = disk_measured()
     return data
 
 
