@@ -83,6 +83,8 @@ def guest(tmp_path_factory):
         variables = dict(guest_vars(host_tool("key")), **{
             "modelwake_deploy_model": "pod", "modelwake_host_models": ["pod"], "modelwake_gpus_required": False,
             "modelwake_demo_model_size_mib": 64, "modelwake_demo_model_shards": 8, "model_service_poll_interval": 1,
+            # Quick restarts: the crash test waits for the launcher to stop its loop (3 starts).
+            "model_service_restart_sec": 2,
             # In the image: its own Python, the simulator in its site directory.
             "model_service_container_command": "{{ ['python3', '-m', 'modelwake_sim', 'serve', '--engine', "
                                                "model_service_engine] }}",
@@ -136,15 +138,18 @@ def test_the_container_runs_in_the_units_cgroup_and_systemd_waits_for_a_completi
             if state["ActiveState"] != "activating":
                 break
         time.sleep(0.3)
+    said = "\n".join("%s: %s" % pair for pair in seen)
     states = [active for active, _text in seen]
-    assert states[-1] == "active" and set(states[:-1]) == {"activating"}, seen
-    loading = [text for active, text in seen if active == "activating" and text.startswith("loading")]
-    # The bytes read are the container's engine's: the launcher's own child is podman, which reads none.
-    assert any(re.search(r"read [1-9][0-9.]* MiB", text) for text in loading), seen
-    assert seen[-1][1].startswith("ready in "), seen
+    assert states[-1] == "active" and set(states[:-1]) == {"activating"}, said
+    # The launcher's STATUS= through the phases of the load while systemd still says activating.
+    assert [text for active, text in seen if active == "activating" and text.startswith("loading")], said
+    assert seen[-1][1].startswith("ready in "), said
     journal = on_guest("journalctl -u %s -o cat --since=-5min" % UNIT)
-    # Ready only after a completion answered (the launcher's own line at READY=1).
-    assert re.search(r"^modelwake: ready in .*completion", journal, re.M), journal[-3000:]
+    # Ready only after a completion answered (the launcher's own line at READY=1). The launcher's child is
+    # podman: its port check passes only because it finds the engine that listens (conmon's child, outside
+    # podman's process tree) in the unit's cgroup.
+    assert re.search(r"^modelwake: ready in .*a completion .* answered", journal, re.M), journal[-3000:]
+    assert "held by another process" not in journal
     # The engine's own output in the unit's journal, through the launcher's pipe.
     assert "Load weight end" in journal or "load" in journal.lower(), journal[-3000:]
     # The old container was removed by the stop, a new one runs.
