@@ -11,14 +11,15 @@ import os
 from . import procfs
 
 
-def engine_roots(engine_pid, proc_root="/proc", cgroup_root="/sys/fs/cgroup"):
-    """The roots of the engine's process trees: the launcher's child and every process of this process's
-    cgroup (and its sub-cgroups) in another session than this one."""
-    me = procfs.read_process(os.getpid(), proc_root)
+def engine_roots(engine_pid, proc_root="/proc", cgroup_root="/sys/fs/cgroup", launcher_pid=None):
+    """The roots of the engine's process trees: the launcher's child and every process of the launcher's
+    cgroup (and its sub-cgroups) in another session than the launcher's (launcher_pid: this process)."""
+    launcher_pid = launcher_pid or os.getpid()
+    me = procfs.read_process(launcher_pid, proc_root)
     if me is None:
         return [engine_pid]
     roots = [engine_pid]
-    for pid in procfs.cgroup_pids(None, os.getpid(), proc_root, cgroup_root):
+    for pid in procfs.cgroup_pids(None, launcher_pid, proc_root, cgroup_root):
         info = procfs.read_process(pid, proc_root)
         if info is not None and info["session"] != me["session"] and pid not in roots:
             roots.append(pid)
