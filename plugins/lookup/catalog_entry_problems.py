@@ -73,6 +73,11 @@ CATALOG = {
     "ready_timeout": {"type": "str", "seconds_or_auto": True},
     "stall_timeout": {"type": "str", "seconds_or_auto": True},
     "expected_load_seconds": {"type": "int"},
+    # Containers (docs/operating.md, "Containers"): the runtime, the image by name, its pinned ID, an archive.
+    "runtime": {"type": "str", "choices": ["venv", "podman"]},
+    "image": {"type": "str"},
+    "image_id": {"type": "str"},
+    "image_archive": {"type": "str"},
 }
 TYPE_NAMES = {"str": "a string", "int": "an integer", "bool": "true or false", "list": "a list",
               "dict": "a mapping"}

@@ -12,6 +12,7 @@ modules of this package, imported by name (each says what it needs):
 - notify_listener: a real sd_notify receiver;
 - simharness: the simulated engine as a real process;
 - guesthost: a systemd test host and playbook runs against it;
+- podman_guest: Podman on a test host and the simulated engine's image for it;
 - envkit: small wheels, venvs and playbook runs for the inference_env tests;
 - realengine: the pytest fixture of the real vLLM CPU build's venv.
 """

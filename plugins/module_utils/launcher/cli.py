@@ -45,6 +45,9 @@ def parse_args(argv):
     parser.add_argument("--stop-timeout", type=float, default=30,
                         help="seconds the engine gets after SIGTERM before SIGKILL, its drain included (keep "
                              "below TimeoutStopSec); after ready the requests in flight are followed meanwhile")
+    parser.add_argument("--engine-in-cgroup", action="store_true",
+                        help="the command runs the engine in a container (podman run): its processes are this "
+                             "unit's cgroup's outside the launcher's session, not only the command's descendants")
     parser.add_argument("--name", default="model",
                         help="the unit's full name (sglang-k26.service): the `name` label of the Prometheus "
                              "textfile, as node_exporter's systemd collector labels units")
@@ -133,6 +136,7 @@ def build_launch_config(options, environ):
     if options.timeout != "auto" and options.timeout <= 0:
         raise ModelWakeError("timeout: must be greater than 0 (the launcher always waits), got %s" % options.timeout)
     config = build_config(params, starts_server=True)
+    config.engine_in_cgroup = options.engine_in_cgroup
     # The record of the unit's starts: the usual figures, and the auto budgets resolved here, once.
     config, options.start_memory, options.budgets = launch_memory(options, config, environ)
     # A spinning hang is declared at most a stack read later than a silent one.

@@ -71,6 +71,9 @@ class WaitConfig(object):
     # `auto` budgets not resolved yet (start_memory.resolve_budgets): stall_timeout / timeout hold the defaults.
     stall_timeout_auto: bool = False
     timeout_auto: bool = False
+    # The launcher's engine runs in a container (runtime podman): its processes are found in the launcher's
+    # cgroup, outside its session, not only below its child (host/container_engine.py).
+    engine_in_cgroup: bool = False
 
     def for_started_server(self, pid):
         """This config for the server the caller has just started as `pid` (the launcher's engine):

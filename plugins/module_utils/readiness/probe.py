@@ -2,7 +2,7 @@
 import resource
 import time
 
-from ..host import failed_starts, http_probe, hub_cache, infiniband, kernel_log, procfs, systemd
+from ..host import container_engine, failed_starts, http_probe, hub_cache, infiniband, kernel_log, procfs, systemd
 from ..common.command import run_command
 from ..common.errors import InputError
 from ..common.units import MIB
@@ -115,7 +115,10 @@ class HostProbe(object):
         root = procfs.read_process(self.config.pid, self.proc_root)
         if procfs.is_gone(root) or root["starttime"] != self.root_start:
             return self.config.pid, {}, {}
-        return self.config.pid, procfs.tree([self.config.pid], self.proc_root), {}
+        roots = [self.config.pid]
+        if self.config.engine_in_cgroup:
+            roots = container_engine.engine_roots(self.config.pid, self.proc_root)
+        return self.config.pid, procfs.tree(roots, self.proc_root), {}
 
     def snapshot(self, t, remaining=None, stacks=False):
         """One look. remaining: the most seconds the look may take, its reads included (None: the
