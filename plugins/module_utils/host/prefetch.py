@@ -48,8 +48,9 @@ def plan_pieces(files, piece=PIECE):
     return pieces
 
 
-def _read_piece(path, offset, length, block, buffer, preadv, count):
-    """Read one piece in blocks; count(n) after each block. Raises PrefetchError naming the shard."""
+def _read_piece(path, offset, length, block, buffer, preadv, count, stopping):
+    """Read one piece in blocks; count(n) after each block, stopping() before each (True: leave the
+    piece unfinished). Raises PrefetchError naming the shard."""
     name = os.path.basename(path)
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -59,7 +60,7 @@ def _read_piece(path, offset, length, block, buffer, preadv, count):
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
         done = 0
-        while done < length:
+        while done < length and not stopping():
             want = min(block, length - done)
             try:
                 got = preadv(fd, [memoryview(buffer)[:want]], offset + done)
@@ -75,15 +76,19 @@ def _read_piece(path, offset, length, block, buffer, preadv, count):
 
 
 def prefetch(files, readers=READERS, block=BLOCK, piece=PIECE, progress=None,
-             progress_interval=PROGRESS_INTERVAL, clock=time.monotonic, preadv=os.preadv):
+             progress_interval=PROGRESS_INTERVAL, clock=time.monotonic, preadv=os.preadv, stopping=None):
     """Read every byte of files ([(path, size)]) with `readers` threads; {bytes, seconds,
-    rate_bytes_per_s, files}.
+    rate_bytes_per_s, files, stopped}.
+
+    stopping() (a stop asked for: SIGTERM to the launcher) is asked before each block: when it says
+    True the readers end after their current block and the result has `stopped` True.
 
     progress(report) is called from the calling thread about every progress_interval seconds and
     once at the end, with {bytes, total_bytes, rate_bytes_per_s, eta_seconds, fraction}. The first
     read error stops every reader and raises PrefetchError naming the shard. preadv is injectable
     (a fake reader in tests: a file cut short while it is read).
     """
+    stopping = stopping or (lambda: False)
     total = sum(size for _path, size in files)
     pieces = plan_pieces(files, piece)
     lock = threading.Lock()
@@ -98,12 +103,12 @@ def prefetch(files, readers=READERS, block=BLOCK, piece=PIECE, progress=None,
         buffer = bytearray(block)
         while True:
             with lock:
-                if errors or state["next"] >= len(pieces):
+                if errors or state["next"] >= len(pieces) or stopping():
                     return
                 path, offset, length = pieces[state["next"]]
                 state["next"] += 1
             try:
-                _read_piece(path, offset, length, block, buffer, preadv, count)
+                _read_piece(path, offset, length, block, buffer, preadv, count, stopping)
             except PrefetchError as exc:
                 with lock:
                     errors.append(exc)
@@ -137,7 +142,8 @@ def prefetch(files, readers=READERS, block=BLOCK, piece=PIECE, progress=None,
     if progress is not None:
         progress(final)
     return {"bytes": final["bytes"], "seconds": max(clock() - start, 1e-6),
-            "rate_bytes_per_s": final["rate_bytes_per_s"], "files": len(files)}
+            "rate_bytes_per_s": final["rate_bytes_per_s"], "files": len(files),
+            "stopped": final["bytes"] < total}
 
 
 def auto_decision(model_bytes, mem_available, resident_bytes, margin=MEMORY_MARGIN,
