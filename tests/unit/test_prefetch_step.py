@@ -12,6 +12,7 @@ from ansible_collections.modelwake.serving.plugins.module_utils.launcher.notify 
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.prefetch_step import PrefetchStep
 
 from tests.helpers.notify_listener import NotifyListener
+from tests.helpers.traces import Trace, config, replay
 
 MIB = 1024 * 1024
 # A regular file of 4096 bytes by its size that no one may open for reading, root included (a
@@ -81,14 +82,14 @@ def test_auto_reads_a_cold_model_into_the_cache_with_its_progress_and_says_why(m
     assert run.lines[0].startswith("prefetching: ") and "available memory holds the" in run.lines[0], run.lines
     assert run.lines[-1].startswith("prefetch done: %s in " % prefetch.size(total)), run.lines
     assert run.lines[-1].endswith(", 3 files: the page cache holds the model"), run.lines
-    progress = [line for line in run.lines if line.startswith("prefetch ") and " of " in line]
-    assert progress and progress[-1].startswith("prefetch %s of %s (100%%), " % ((prefetch.size(total),) * 2))
+    progress = [line for line in run.lines if line.startswith("prefetching ") and " of " in line]
+    assert progress and progress[-1].startswith("prefetching %s of %s (100%%), " % ((prefetch.size(total),) * 2))
     assert " GB/s, ETA " in progress[-1]
-    # systemd heard the progress as the load's first part, and a new stall budget with each one.
+    # systemd heard the progress as the start's (the engine does not exist yet), and a new stall budget with each one.
     statuses = [value for _t, value in listener.wait_for("STATUS", 5, lambda v: "(100%)" in v) and
                 listener.fields("STATUS")]
-    assert statuses and all(value.startswith("loading: prefetch ") for value in statuses), statuses
-    assert statuses[-1].startswith("loading: prefetch %s of %s (100%%)" % ((prefetch.size(total),) * 2))
+    assert statuses and all(value.startswith("starting: prefetching ") for value in statuses), statuses
+    assert statuses[-1].startswith("starting: prefetching %s of %s (100%%)" % ((prefetch.size(total),) * 2))
     assert listener.wait_for("EXTEND_TIMEOUT_USEC", 5, lambda v: v == str(int(run.options.extend_timeout * 1e6)))
     share = storage.page_cache_share([path for path, _size in storage.model_files(model_dir)])
     if share["fraction"] is not None:
@@ -171,7 +172,7 @@ def test_a_read_that_stops_moving_is_a_stall_after_the_stall_timeout(model_dir, 
     now[0] += 1
     with pytest.raises(prefetch.PrefetchError) as caught:
         step._progress(report)
-    assert str(caught.value).startswith("prefetch stalled: no byte read for 1m00s (prefetch 5.0 MiB of 60.0 MiB")
+    assert str(caught.value).startswith("prefetch stalled: no byte read for 1m00s (prefetching 5.0 MiB of 60.0 MiB")
 
 
 @pytest.mark.parametrize("args,problem", [
@@ -184,3 +185,25 @@ def test_options_it_cannot_run_with_are_usage_errors(args, problem, model_dir):
     with pytest.raises(ModelWakeError) as caught:
         build_launch_config(options, {})
     assert str(caught.value).startswith(problem)
+
+
+def launcher_unit(status):
+    return {"ActiveState": "activating", "SubState": "start", "MainPID": 900, "NRestarts": 0, "ExecMainStatus": 0,
+            "ExecMainCode": 0, "Result": "success", "StatusText": status, "Type": "notify", "LoadState": "loaded"}
+
+
+def test_the_wait_sees_the_prefetch_as_the_launchers_step_before_the_engine(model_dir, listener):
+    # What the wait reads from systemd while a real prefetch runs: the launcher's STATUS= texts.
+    Run(model_dir, listener, "--prefetch", "on").run()
+    texts = [value for _t, value in listener.fields("STATUS")]
+    assert texts and all(text.startswith("starting: prefetching ") for text in texts), texts
+    cfg = config(unit="sglang-k26.service", stall_timeout=60)
+    trace = Trace(pids=(900,))
+    # A long prefetch, its text on every look (no engine process yet: the launcher is not the tree).
+    steps = [trace.step(t, unit=launcher_unit(texts[min(t // 5, len(texts) - 1)]), alive=False)
+             for t in range(0, 300, 5)]
+    verdicts = replay(cfg, steps)
+    assert not verdicts[-1][1].terminal and {v.phase for _t, v in verdicts} == {"starting"}, verdicts[-1]
+    assert verdicts[-1][1].msg.endswith("; the launcher is " + texts[-1][len("starting: "):])
+    # Never loading: the prefetch's bytes are not the engine's load, which the wait follows afterwards.
+    assert "loading" not in [v.phase for _t, v in verdicts]

@@ -171,8 +171,8 @@ def auto_decision(model_bytes, mem_available, resident_bytes, margin=MEMORY_MARG
 
 
 def progress_line(report):
-    """`prefetch 12.0 GiB of 548.0 GiB (2%), 6.8 GB/s, ETA 1m18s` for the live lines."""
+    """`prefetching 12.0 GiB of 548.0 GiB (2%), 6.8 GB/s, ETA 1m18s` for the live lines."""
     eta = report.get("eta_seconds")
-    return "prefetch %s of %s (%.0f%%), %.1f GB/s, ETA %s" % (
+    return "prefetching %s of %s (%.0f%%), %.1f GB/s, ETA %s" % (
         size(report["bytes"]), size(report["total_bytes"]), 100.0 * report["fraction"],
         report["rate_bytes_per_s"] / 1e9, duration(eta) if eta is not None else "unknown")

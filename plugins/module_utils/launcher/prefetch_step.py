@@ -10,24 +10,26 @@ runs after the start's turn on its GPUs and before the engine process exists:
         would evict its own first shards, or squeeze the engine) and the page cache does not hold
         it already (storage.page_cache_share): a restart on a warm cache reads nothing.
 Whatever it decides it says once in the journal, with its reason. While it reads, systemd hears
-  STATUS=loading: prefetch 12.0 GiB of 548.0 GiB (2%), 6.8 GB/s, ETA 1m18s
+  STATUS=starting: prefetching 12.0 GiB of 548.0 GiB (2%), 6.8 GB/s, ETA 1m18s
 and EXTEND_TIMEOUT_USEC= each time bytes were read, never without: a read that stops moving lets
-the unit's stall budget run, and the step itself gives up after the wait's stall timeout. The text
-opens with `loading` (readiness/status.py status_phase): reading the weights is the load's first
-part, done by the launcher, so the readiness wait calls the unit loading and counts each new
-STATUS= and the launcher's own read_bytes as progress. A read error (a damaged or truncated shard,
-EIO) ends the launcher with EXIT_PREFETCH and a message naming the shard, recorded like any failed
-start (the crash-loop guard stops a repeated one).
+the unit's stall budget run out, and the step itself gives up after the wait's stall timeout.
+For the readiness wait this is the launcher's own step before the engine exists, like its wait for
+a turn on the GPUs (readiness/status.py status_waiting): the unit is `starting`, the wait's lines
+end with "the launcher is prefetching ... ETA ...", and the launcher's own stall rule bounds it.
+Not `loading`: counted as the load, the prefetch's reads would make up the model's size before the
+engine read a byte (the wait's loading-done rule), and the wait, whose phases only move forward,
+would call the engine's real load, from the page cache afterwards, initializing. A read error (a
+damaged or truncated shard, EIO) or a stall ends the launcher with EXIT_PREFETCH and a message
+naming the shard, recorded like any failed start (the crash-loop guard stops a repeated one).
 """
 import time
 
 from ..common.errors import ModelWakeError
 from ..common.formatting import duration, size
 from ..host import prefetch, storage
-from ..host.prefetch import PrefetchError  # noqa: F401 (the supervisor catches it from here)
+from ..readiness.status import waiting_status
 
 MODES = ("auto", "on", "off")
-STATUS_PREFIX = "loading: "
 LOG_EVERY = 10.0  # seconds between two progress lines in the journal (STATUS= follows every report)
 
 
@@ -108,7 +110,7 @@ class PrefetchStep(object):
         if report["bytes"] > self.last_bytes:
             # Bytes were read: news for systemd and the wait, and a new stall budget.
             self.last_bytes, self.last_progress_t = report["bytes"], now
-            self.notifier.send("STATUS=" + STATUS_PREFIX + line,
+            self.notifier.send("STATUS=" + waiting_status(line),
                                "EXTEND_TIMEOUT_USEC=%d" % int(self.options.extend_timeout * 1000000))
         elif now - self.last_progress_t >= self.stall_timeout:
             raise prefetch.PrefetchError("prefetch stalled: no byte read for %s (%s)" % (

@@ -6,6 +6,7 @@ import sys
 import time
 
 from ..common.errors import ModelWakeError
+from ..host.prefetch import PrefetchError
 from ..readiness import engines
 from ..readiness.phases import FAILED, NOT_STARTED, READY, STALLED
 from ..readiness.probe import HostProbe
@@ -20,7 +21,7 @@ from .hold import exit_status_when_held
 from .gpu_turns import GpuTurnError, GpuTurns
 from .liveness import unresponsive_message, watchdog_liveness
 from .notify import Notifier, watchdog_interval
-from .prefetch_step import PrefetchError, PrefetchStep
+from .prefetch_step import PrefetchStep
 from .reporter import STATUS_EVERY, Reporter
 from .start_record import said_at_start
 from .textfile import prometheus_text, write_textfile
