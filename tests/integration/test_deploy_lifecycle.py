@@ -312,7 +312,7 @@ def test_the_prefetch_reads_a_cold_model_before_the_engine_and_a_run_that_change
     # auto read the cold model, said why, and how it went; then the engine started.
     order = [i for i, line in enumerate(said) if line.startswith(("prefetching: ", "prefetch done: ", "engine started"))]
     assert [said[i].split(":")[0].split(" as ")[0] for i in order][-3:] == [
-        "prefetching", "prefetch done", "engine started"], said
+        "prefetching", "prefetch done", "engine started"], "\n".join(said)
     assert re.search(r"available memory holds the 25\d\.\d MiB model with a 1\.2x margin", said[order[-3]]), said
     # Its progress (bytes, rate, ETA), at least the last report's.
     assert any(re.match(r"prefetching (\S+ MiB) of \1 \(100%\), [\d.]+ GB/s, ETA ", line) for line in said), said
@@ -325,12 +325,8 @@ def test_the_prefetch_reads_a_cold_model_before_the_engine_and_a_run_that_change
     assert rc == 0 and recap(out)["changed"] == 0, out
     assert unit_state()["InvocationID"] == before["InvocationID"]
     assert not [line for line in journal_since(since) if "prefetch" in line]
-    # A restart on the warm cache starts the engine without reading the model again, and says why.
-    since = on_guest("date +%s")
-    on_guest("systemctl restart %s" % UNIT)
-    said = [line for line in journal_since(since) if line.startswith("modelwake: ") and "prefetch" in line]
-    assert len(said) == 1 and said[0].startswith(
-        "modelwake: not prefetched: the page cache already holds 100% of the model ("), said
+    # (Whether a restart on a warm cache reads it again depends on what the service user can know of
+    # the cache on this filesystem: test_prefetch_step.py, as the service user, and docs/operating.md.)
 
 
 def test_reboot_during_the_first_deploy_comes_back_and_converges(guest):

@@ -1,7 +1,11 @@
 """The launcher's prefetch step (launcher/prefetch_step.py) on a real model directory, with a real
 sd_notify socket: what auto decides and says, the progress systemd hears, a damaged shard named,
 a warm cache read no second time, off reading nothing, a stop and a stall."""
+import json
 import os
+import shutil
+import subprocess
+import tempfile
 
 import pytest
 
@@ -11,6 +15,7 @@ from ansible_collections.modelwake.serving.plugins.module_utils.launcher.cli imp
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.notify import Notifier
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.prefetch_step import PrefetchStep
 
+from tests.helpers import ROOT
 from tests.helpers.notify_listener import NotifyListener
 from tests.helpers.traces import Trace, config, replay
 
@@ -207,3 +212,58 @@ def test_the_wait_sees_the_prefetch_as_the_launchers_step_before_the_engine(mode
     assert verdicts[-1][1].msg.endswith("; the launcher is " + texts[-1][len("starting: "):])
     # Never loading: the prefetch's bytes are not the engine's load, which the wait follows afterwards.
     assert "loading" not in [v.phase for _t, v in verdicts]
+
+
+# The launcher as the unit runs it, as its service user (not root) on a model root owns: mincore says
+# "all cached" to such a reader whatever the cache holds (Linux >= 5.2), so auto must not believe it.
+AS_SERVICE_USER = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from ansible_collections.modelwake.serving.plugins.module_utils.host import prefetch, storage
+from ansible_collections.modelwake.serving.plugins.module_utils.launcher.prefetch_step import decide
+files = storage.model_files(sys.argv[2])
+print(json.dumps({"truthful": prefetch.mincore_is_truthful(files[0][0]), "decision": decide("auto", files, 1.2)}))
+"""
+
+
+def as_service_user(model_dir):
+    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
+                          AS_SERVICE_USER, ROOT, model_dir], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         universal_newlines=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.fixture
+def shared_model_dir():
+    """A model every user may read (root's, mode 0644), outside pytest's private temporary directory."""
+    directory = tempfile.mkdtemp(prefix="modelwake-prefetch-", dir="/var/tmp")
+    os.chmod(directory, 0o755)
+    for i in range(2):
+        path = os.path.join(directory, "model-%05d-of-00002.safetensors" % (i + 1))
+        with open(path, "wb") as handle:
+            handle.write(os.urandom(16 * MIB))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(path, 0o644)
+        drop_cache(path)
+    yield directory
+    shutil.rmtree(directory)
+
+
+def test_auto_as_the_service_user_sees_a_cold_cache_and_a_warm_one(shared_model_dir):
+    if os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists("/usr/bin/python3"):
+        pytest.skip("needs root, setpriv and /usr/bin/python3 to run as another user")
+    if not os.access(ROOT, os.R_OK) or oct(os.stat(ROOT).st_mode)[-1] not in "57":
+        pytest.skip("the checkout is not readable by other users")
+    cold = as_service_user(shared_model_dir)
+    assert cold["truthful"] is False
+    read, reason = cold["decision"]
+    if "not supported" in reason:
+        pytest.skip(reason)  # no RWF_NOWAIT on this filesystem: the decision says so, as the docs tell
+    assert read is True and reason.endswith(", 0% of it cached"), reason
+    for path, _size in storage.model_files(shared_model_dir):
+        with open(path, "rb") as handle:
+            handle.read()
+    read, reason = as_service_user(shared_model_dir)["decision"]
+    assert read is False and reason.startswith("not prefetched: the page cache already holds 100% of the model"), reason

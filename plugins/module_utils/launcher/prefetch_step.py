@@ -43,6 +43,20 @@ def check_mode(options):
                              % options.prefetch_margin)
 
 
+def cached_bytes(files):
+    """(bytes of the model the page cache holds, None) or (None, why it cannot be known): mincore
+    where it tells this user the truth, else one page in PROBES read with RWF_NOWAIT."""
+    total = sum(length for _path, length in files)
+    if all(prefetch.mincore_is_truthful(path) for path, _length in files):
+        share = storage.page_cache_share([path for path, _length in files])
+        if share["fraction"] is not None:
+            return int(share["fraction"] * total), None
+    fraction, why = prefetch.sampled_cache_fraction(files)
+    if fraction is None:
+        return None, ("mincore reports the cache only to a file's owner or writer, and %s" % why)
+    return int(fraction * total), None
+
+
 def decide(mode, files, margin, meminfo_path=storage.MEMINFO):
     """(read: bool, reason) for this start's files ([(path, size)])."""
     total = sum(length for _path, length in files)
@@ -50,10 +64,13 @@ def decide(mode, files, margin, meminfo_path=storage.MEMINFO):
         return False, "not prefetched: no *.safetensors files"
     if mode == "on":
         return True, "prefetching: the %s model, whatever memory and the page cache hold (prefetch: on)" % size(total)
-    share = storage.page_cache_share([path for path, _length in files])
-    resident = None if share["fraction"] is None else int(share["fraction"] * total)
+    resident, unknown = cached_bytes(files)
     available = storage.memory_for_model(total, meminfo_path)["mem_available_bytes"] or None
-    return prefetch.auto_decision(total, available, resident, margin=margin)
+    read, reason = prefetch.auto_decision(total, available, resident, margin=margin)
+    if unknown:
+        # Memory decides alone: reading a model the cache holds costs a read from memory, not the disk.
+        reason += "; how much of it the page cache holds is unknown (%s)" % unknown
+    return read, reason
 
 
 class PrefetchStep(object):
