@@ -8,7 +8,9 @@ runs after the start's turn on its GPUs and before the engine process exists:
   on    reads every weight file (host/prefetch.py: parallel large reads, O_RDONLY only);
   auto  reads them only when the host's MemAvailable holds the model with a margin (else the read
         would evict its own first shards, or squeeze the engine) and the page cache does not hold
-        it already (storage.page_cache_share): a restart on a warm cache reads nothing.
+        it already: a restart on a warm cache reads nothing. The cache is seen with mincore where it
+        tells the service user the truth (host/prefetch.py mincore_is_truthful), else by sampling
+        with RWF_NOWAIT; where neither can (overlayfs) the reason says so and memory decides.
 Whatever it decides it says once in the journal, with its reason. While it reads, systemd hears
   STATUS=starting: prefetching 12.0 GiB of 548.0 GiB (2%), 6.8 GB/s, ETA 1m18s
 and EXTEND_TIMEOUT_USEC= each time bytes were read, never without: a read that stops moving lets
