@@ -238,10 +238,10 @@ def test_launcher_makes_a_notify_unit_and_words_are_quoted_for_systemd(rendered)
     # systemd would expand % specifiers and $VARS: they are doubled; words with spaces are quoted.
     assert exec_start(unit) == (
         'ExecStart={venv}/bin/python /opt/modelwake/lib/modelwake-launch --url http://127.0.0.1:30001 --engine vllm '
-        '--model {k26} --model-path {k26} --ready-check completion --timeout 3600 --stall-timeout 600 '
+        '--model {k26} --model-path {k26} --prefetch auto --ready-check completion --timeout 3600 --stall-timeout 600 '
         '--poll-interval 5 --extend-timeout 640 --stop-timeout 140 '
         '--state-dir /var/lib/modelwake/vllm-notify --crash-loop-starts 3 '
-        '--gpu-turns /run/modelwake/gpu-turns --gpu-release-timeout 180 --name vllm-notify.service --prefetch auto -- '
+        '--gpu-turns /run/modelwake/gpu-turns --gpu-release-timeout 180 --name vllm-notify.service -- '
         '{venv}/bin/python -m vllm.entrypoints.openai.api_server '
         '--model {k26} --host 127.0.0.1 --port 30001 --tensor-parallel-size 1 --shutdown-timeout 30 '
         '--note "50%% of $$HOME \\"q\\"" --x %%h'.format(venv=VENV, k26=rendered["k26"]))
@@ -380,11 +380,11 @@ def test_model_state_lists_the_shards(rendered):
 def test_the_catalogs_loader_options_reach_the_engine_and_the_prefetch_the_launcher(rendered):
     line = exec_start(read(rendered, "loaders", "unit.service"))
     # YAML's bare `on` (true) is the launcher's on; the engine's own loader flags before the extra arguments.
-    assert " --name vllm-loaders.service --prefetch on -- " in line, line
+    assert " --model-path %s --prefetch on --ready-check " % rendered["k26"] in line, line
     assert line.endswith(' --load-format safetensors --safetensors-load-strategy eager '
                          '--model-loader-extra-config "{\\"a\\": \\"b c\\", \\"num_threads\\": 8}" --enforce-eager'), line
     line = exec_start(read(rendered, "sglangloader", "unit.service"))
-    assert " --prefetch off -- " in line and "--safetensors-load-strategy" not in line
+    assert " --prefetch off --ready-check " in line and "--safetensors-load-strategy" not in line
     assert line.endswith(' --load-format fastsafetensors --model-loader-extra-config "{\\"enable_multithread_load\\": true}"')
     # No launcher, no prefetch: the engine is the unit's main process.
     assert "--prefetch" not in exec_start(read(rendered, "sglang", "unit.service"))
