@@ -78,6 +78,11 @@ CATALOG = {
     "image": {"type": "str"},
     "image_id": {"type": "str"},
     "image_archive": {"type": "str"},
+    # How the weights are read (docs/operating.md, "Prefetch and the engines' loaders").
+    "prefetch": {"type": "str", "choices": ["auto", "on", "off"]},
+    "load_format": {"type": "str"},
+    "safetensors_load_strategy": {"type": "str", "choices": ["", "lazy", "eager", "prefetch", "torchao"]},
+    "model_loader_extra_config": {"type": "dict"},
 }
 TYPE_NAMES = {"str": "a string", "int": "an integer", "bool": "true or false", "list": "a list",
               "dict": "a mapping"}
@@ -113,6 +118,8 @@ def entry_problems(entry, name):
                 problems.append("%s.%s is required (%s)" % (where, key, TYPE_NAMES[spec["type"]]))
             continue
         value = entry[key]
+        if isinstance(value, bool) and "on" in spec.get("choices", []):
+            value = "on" if value else "off"  # YAML reads a bare on/off as true/false
         if spec.get("seconds_or_auto"):
             if not (_is("int", value) or value == "auto"):
                 problems.append("%s.%s must be an integer (seconds) or auto, got %r" % (where, key, value))

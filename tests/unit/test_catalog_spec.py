@@ -79,10 +79,20 @@ def test_a_valid_entry_has_no_problems():
     ({"engine": "sglng"}, "modelwake_models.k26.engine must be one of sglang, vllm, got 'sglng'"),
     ({"verify_checksums": "yes"}, "modelwake_models.k26.verify_checksums must be true or false, got 'yes'"),
     ({"env": ["A=1"]}, "modelwake_models.k26.env must be a mapping, got ['A=1']"),
+    ({"safetensors_load_strategy": "fast"},
+     "modelwake_models.k26.safetensors_load_strategy must be one of , lazy, eager, prefetch, torchao, got 'fast'"),
+    ({"prefetch": "always"}, "modelwake_models.k26.prefetch must be one of auto, on, off, got 'always'"),
+    ({"model_loader_extra_config": '{"num_threads": 8}'}, "modelwake_models.k26.model_loader_extra_config must be a mapping"),
 ])
 def test_a_bad_entry_is_named_key_by_key(change, problem):
     problems = entry_problems(dict(K26, **change), "k26")
     assert len(problems) == 1 and problems[0].startswith(problem), problems
+
+
+def test_a_bare_yaml_on_or_off_is_the_prefetch_mode_it_reads_as():
+    # `prefetch: on` in YAML is true: the catalog takes it as the operator wrote it.
+    assert entry_problems(dict(K26, prefetch=True, load_format="fastsafetensors"), "k26") == []
+    assert entry_problems(dict(K26, prefetch=False, model_loader_extra_config={"num_threads": 8}), "k26") == []
 
 
 def test_missing_required_keys_and_a_non_mapping():

@@ -136,6 +136,16 @@ def rendered(tmp_path_factory):
         "autobudgets": {"model_service_engine": "vllm", "model_service_unit": "vllm-auto", "model_service_model_path": k26,
                         "model_service_launcher": True, "model_service_stall_timeout": "auto",
                         "model_service_ready_timeout": "auto", "model_service_start_history": False},
+        # The catalog's loader options on the engine's command line, and a prefetch written as YAML's bare `on`.
+        "loaders": {"model_service_engine": "vllm", "model_service_unit": "vllm-loaders", "model_service_model_path": k26,
+                    "model_service_prefetch": True, "model_service_load_format": "safetensors",
+                    "model_service_safetensors_load_strategy": "eager",
+                    "model_service_model_loader_extra_config": {"num_threads": 8, "a": "b c"},
+                    "model_service_extra_args": ["--enforce-eager"]},
+        "sglangloader": {"model_service_engine": "sglang", "model_service_unit": "sglang-loader",
+                         "model_service_model_path": k26, "model_service_prefetch": "off",
+                         "model_service_load_format": "fastsafetensors",
+                         "model_service_model_loader_extra_config": {"enable_multithread_load": True}},
         "metricsoff": {"model_service_engine": "sglang", "model_service_unit": "sglang-quiet",
                        "model_service_model_path": k26, "model_service_launcher": True,
                        "model_service_engine_metrics": False, "model_service_expected_load_seconds": 930,
@@ -228,7 +238,7 @@ def test_launcher_makes_a_notify_unit_and_words_are_quoted_for_systemd(rendered)
     # systemd would expand % specifiers and $VARS: they are doubled; words with spaces are quoted.
     assert exec_start(unit) == (
         'ExecStart={venv}/bin/python /opt/modelwake/lib/modelwake-launch --url http://127.0.0.1:30001 --engine vllm '
-        '--model {k26} --model-path {k26} --ready-check completion --timeout 3600 --stall-timeout 600 '
+        '--model {k26} --model-path {k26} --prefetch auto --ready-check completion --timeout 3600 --stall-timeout 600 '
         '--poll-interval 5 --extend-timeout 640 --stop-timeout 140 '
         '--state-dir /var/lib/modelwake/vllm-notify --crash-loop-starts 3 '
         '--gpu-turns /run/modelwake/gpu-turns --gpu-release-timeout 180 --name vllm-notify.service -- '
@@ -367,7 +377,28 @@ def test_model_state_lists_the_shards(rendered):
     assert state[1].startswith(os.path.join(rendered["k26"], "model-00001-of-00004.safetensors") + " 2097152 ")
 
 
+def test_the_catalogs_loader_options_reach_the_engine_and_the_prefetch_the_launcher(rendered):
+    line = exec_start(read(rendered, "loaders", "unit.service"))
+    # YAML's bare `on` (true) is the launcher's on; the engine's own loader flags before the extra arguments.
+    assert " --model-path %s --prefetch on --ready-check " % rendered["k26"] in line, line
+    assert line.endswith(' --load-format safetensors --safetensors-load-strategy eager '
+                         '--model-loader-extra-config "{\\"a\\": \\"b c\\", \\"num_threads\\": 8}" --enforce-eager'), line
+    line = exec_start(read(rendered, "sglangloader", "unit.service"))
+    assert " --prefetch off --ready-check " in line and "--safetensors-load-strategy" not in line
+    assert line.endswith(' --load-format fastsafetensors --model-loader-extra-config "{\\"enable_multithread_load\\": true}"')
+    # No launcher, no prefetch: the engine is the unit's main process.
+    assert "--prefetch" not in exec_start(read(rendered, "sglang", "unit.service"))
+
+
 BAD_INPUTS = [
+    ({"model_service_safetensors_load_strategy": "eager"},
+     "is vLLM's option (--safetensors-load-strategy) only, and takes nothing but lazy with vLLM's multi-thread loader "
+     "(model_service_model_loader_extra_config.enable_multithread_load): is 'eager', engine sglang"),
+    ({"model_service_load_format": "Fast Safetensors"}, "model_service_load_format must be empty (the engine's default) "
+     "or the engine's format name in lowercase, e.g. fastsafetensors (is 'Fast Safetensors')"),
+    ({"model_service_load_format": "fastsafetensors", "model_service_extra_args": ["--load-format=safetensors"]},
+     "model_service_extra_args must not set a loader flag the role's loader options set already (--load-format,"),
+    ({"model_service_prefetch": "always"}, "model_service_prefetch must be auto, on or off (is always)"),
     ({"model_service_host": "0.0.0.0"}, "model_service_api_key is empty"),
     ({"model_service_extra_args": ["--api-key=abc"]}, "model_service_extra_args contains --api-key"),
     ({"model_service_env": {"BAD-NAME": "1"}}, "model_service_env keys must be environment variable names"),

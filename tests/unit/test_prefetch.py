@@ -116,3 +116,18 @@ def test_auto_declines_when_the_cache_holds_the_model_already():
 def test_pieces_cover_every_byte_once():
     pieces = prefetch.plan_pieces([("a", 2 * GIB + 5), ("b", 0), ("c", 7)])
     assert pieces == [("a", 0, GIB), ("a", GIB, GIB), ("a", 2 * GIB, 5), ("c", 0, 7)]
+
+
+def test_the_sampled_cache_share_sees_a_cold_and_a_warm_model(model):
+    for path, _size in model:
+        drop = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(drop, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(drop)
+    fraction, why = prefetch.sampled_cache_fraction(model, probes=64)
+    if why and "not supported" in why.lower():
+        pytest.skip(why)
+    assert why is None and fraction < 0.1  # a refused page may be read in, one page, never its neighbours
+    for path, _size in model:
+        with open(path, "rb") as handle:
+            handle.read()
+    assert prefetch.sampled_cache_fraction(model, probes=64) == (1.0, None)

@@ -30,6 +30,9 @@ PROGRESS_INTERVAL = 1.0
 MEMORY_MARGIN = 1.2
 # ...and the cache must hold less than this fraction of it already.
 CACHED_ENOUGH = 0.9
+# Pages probed by sampled_cache_fraction: one page each, spread evenly over the model.
+PROBES = 512
+PAGE = 4096
 
 
 class PrefetchError(ModelWakeError):
@@ -48,8 +51,9 @@ def plan_pieces(files, piece=PIECE):
     return pieces
 
 
-def _read_piece(path, offset, length, block, buffer, preadv, count):
-    """Read one piece in blocks; count(n) after each block. Raises PrefetchError naming the shard."""
+def _read_piece(path, offset, length, block, buffer, preadv, count, stopping):
+    """Read one piece in blocks; count(n) after each block, stopping() before each (True: leave the
+    piece unfinished). Raises PrefetchError naming the shard."""
     name = os.path.basename(path)
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -59,7 +63,7 @@ def _read_piece(path, offset, length, block, buffer, preadv, count):
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
         done = 0
-        while done < length:
+        while done < length and not stopping():
             want = min(block, length - done)
             try:
                 got = preadv(fd, [memoryview(buffer)[:want]], offset + done)
@@ -75,15 +79,19 @@ def _read_piece(path, offset, length, block, buffer, preadv, count):
 
 
 def prefetch(files, readers=READERS, block=BLOCK, piece=PIECE, progress=None,
-             progress_interval=PROGRESS_INTERVAL, clock=time.monotonic, preadv=os.preadv):
+             progress_interval=PROGRESS_INTERVAL, clock=time.monotonic, preadv=os.preadv, stopping=None):
     """Read every byte of files ([(path, size)]) with `readers` threads; {bytes, seconds,
-    rate_bytes_per_s, files}.
+    rate_bytes_per_s, files, stopped}.
+
+    stopping() (a stop asked for: SIGTERM to the launcher) is asked before each block: when it says
+    True the readers end after their current block and the result has `stopped` True.
 
     progress(report) is called from the calling thread about every progress_interval seconds and
     once at the end, with {bytes, total_bytes, rate_bytes_per_s, eta_seconds, fraction}. The first
     read error stops every reader and raises PrefetchError naming the shard. preadv is injectable
     (a fake reader in tests: a file cut short while it is read).
     """
+    stopping = stopping or (lambda: False)
     total = sum(size for _path, size in files)
     pieces = plan_pieces(files, piece)
     lock = threading.Lock()
@@ -98,12 +106,12 @@ def prefetch(files, readers=READERS, block=BLOCK, piece=PIECE, progress=None,
         buffer = bytearray(block)
         while True:
             with lock:
-                if errors or state["next"] >= len(pieces):
+                if errors or state["next"] >= len(pieces) or stopping():
                     return
                 path, offset, length = pieces[state["next"]]
                 state["next"] += 1
             try:
-                _read_piece(path, offset, length, block, buffer, preadv, count)
+                _read_piece(path, offset, length, block, buffer, preadv, count, stopping)
             except PrefetchError as exc:
                 with lock:
                     errors.append(exc)
@@ -137,7 +145,65 @@ def prefetch(files, readers=READERS, block=BLOCK, piece=PIECE, progress=None,
     if progress is not None:
         progress(final)
     return {"bytes": final["bytes"], "seconds": max(clock() - start, 1e-6),
-            "rate_bytes_per_s": final["rate_bytes_per_s"], "files": len(files)}
+            "rate_bytes_per_s": final["rate_bytes_per_s"], "files": len(files),
+            "stopped": final["bytes"] < total}
+
+
+def mincore_is_truthful(path):
+    """Whether mincore(2) tells this process the truth about path's page cache.
+
+    Since Linux 5.2 mincore reports the cache of a file mapping only to a process that owns the file
+    or may write it (else it says every page is resident: no side channel on shared libraries). A
+    service user that reads a root-owned model gets "all cached" from it, whatever the cache holds.
+    """
+    euid = os.geteuid()
+    if euid == 0:
+        return True  # CAP_FOWNER (a root without it is not a case the launcher meets)
+    try:
+        return os.stat(path).st_uid == euid or os.access(path, os.W_OK)
+    except OSError:
+        return False
+
+
+def sampled_cache_fraction(files, probes=PROBES):
+    """(fraction of PROBES pages the page cache holds, None) or (None, why): read one page at each of
+    `probes` offsets spread over files ([(path, size)]) with preadv2(RWF_NOWAIT), which answers from
+    the cache or refuses (EAGAIN) instead of reading the disk.
+
+    For a reader mincore lies to (mincore_is_truthful). A refused page may still be read in by the
+    kernel (one page: POSIX_FADV_RANDOM turns its readahead off), never more. Filesystems without
+    RWF_NOWAIT for buffered reads (overlayfs, some network ones) say EOPNOTSUPP: (None, why).
+    """
+    total = sum(length for _path, length in files)
+    if not total or not hasattr(os, "RWF_NOWAIT"):
+        return None, "preadv2 RWF_NOWAIT is not available here"
+    points = sorted(set(min(total - 1, total * i // probes) for i in range(probes)))
+    buffer = bytearray(PAGE)
+    hits = asked = 0
+    start = 0
+    for path, length in files:
+        mine = [point - start for point in points if start <= point < start + length]
+        start += length
+        if not mine:
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            return None, "%s: cannot open (%s)" % (os.path.basename(path), exc.strerror or exc)
+        try:
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            for offset in mine:
+                asked += 1
+                try:
+                    hits += os.preadv(fd, [buffer], offset - offset % PAGE, os.RWF_NOWAIT) > 0
+                except BlockingIOError:
+                    pass  # not in the cache
+                except OSError as exc:
+                    return None, "preadv2 RWF_NOWAIT on %s: %s" % (os.path.basename(path), exc.strerror or exc)
+        finally:
+            os.close(fd)
+    return (hits / float(asked)) if asked else None, None
 
 
 def auto_decision(model_bytes, mem_available, resident_bytes, margin=MEMORY_MARGIN,
@@ -165,8 +231,8 @@ def auto_decision(model_bytes, mem_available, resident_bytes, margin=MEMORY_MARG
 
 
 def progress_line(report):
-    """`prefetch 12.0 GiB of 548.0 GiB (2%), 6.8 GB/s, ETA 1m18s` for the live lines."""
+    """`prefetching 12.0 GiB of 548.0 GiB (2%), 6.8 GB/s, ETA 1m18s` for the live lines."""
     eta = report.get("eta_seconds")
-    return "prefetch %s of %s (%.0f%%), %.1f GB/s, ETA %s" % (
+    return "prefetching %s of %s (%.0f%%), %.1f GB/s, ETA %s" % (
         size(report["bytes"]), size(report["total_bytes"]), 100.0 * report["fraction"],
         report["rate_bytes_per_s"] / 1e9, duration(eta) if eta is not None else "unknown")

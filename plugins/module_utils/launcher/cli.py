@@ -10,6 +10,7 @@ from .disk_rate import read_disk_rate, tensor_parallel
 from .exit_codes import EXIT_CRASH_LOOP
 from .liveness import LIVENESS_CHECKS
 from .notify import watchdog_interval
+from .prefetch_step import MODES as PREFETCH_MODES, check_mode as check_prefetch
 from .start_record import launch_memory, seconds_or_auto
 
 # The launcher's own key variable: removed from the engine's environment (the engine reads its own).
@@ -90,6 +91,12 @@ def parse_args(argv):
                         help="the engine's version, kept with each start: another version starts a new set of usual figures")
     parser.add_argument("--no-start-history", action="store_true",
                         help="neither read nor write the record of starts in --state-dir")
+    parser.add_argument("--prefetch", default="off", choices=PREFETCH_MODES,
+                        help="read the model (--model-path) into the page cache before the engine starts: on, off, or "
+                             "auto (only when MemAvailable holds it with --prefetch-margin and the cache does not hold "
+                             "it already); a read error exits 9 naming the shard (default off)")
+    parser.add_argument("--prefetch-margin", type=float, default=1.2,
+                        help="--prefetch auto reads only when MemAvailable >= this times the model's size (default 1.2)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the engine command and its arguments")
     options = parser.parse_args(argv)
     command = options.command[1:] if options.command[:1] == ["--"] else options.command
@@ -159,6 +166,7 @@ def build_launch_config(options, environ):
         raise ModelWakeError("crash-loop-starts: must be 0 (record only) or more, got %s" % options.crash_loop_starts)
     if options.gpu_release_timeout <= 0:
         raise ModelWakeError("gpu-release-timeout: must be greater than 0, got %s" % options.gpu_release_timeout)
+    check_prefetch(options)
     if options.expected_load_seconds is not None and not options.expected_load_seconds > 0:
         raise ModelWakeError("expected-load-seconds: must be greater than 0 (leave it out when unknown), got %s"
                              % options.expected_load_seconds)

@@ -6,10 +6,10 @@ Restart= does not start it again while a person works on the box. The hold is re
 not at start: a hold set while the engine runs applies without a restart, and a release needs none
 either. A person's own `systemctl start` is not automation and still starts it."""
 from ..host.hold import hold_path, read_hold
-from .exit_codes import EXIT_ENGINE_EXITED, EXIT_HELD, VERDICT_EXIT
+from .exit_codes import EXIT_ENGINE_EXITED, EXIT_HELD, EXIT_PREFETCH, VERDICT_EXIT
 
 # The statuses after which Restart= would start the engine again (EXIT_USAGE already prevents it).
-RESTARTING_EXITS = frozenset(list(VERDICT_EXIT.values()) + [EXIT_ENGINE_EXITED])
+RESTARTING_EXITS = frozenset(list(VERDICT_EXIT.values()) + [EXIT_ENGINE_EXITED, EXIT_PREFETCH])
 
 
 def exit_status_when_held(hold_dir, unit, code, log):

@@ -6,6 +6,7 @@ import sys
 import time
 
 from ..common.errors import ModelWakeError
+from ..host.prefetch import PrefetchError
 from ..readiness import engines
 from ..readiness.phases import FAILED, NOT_STARTED, READY, STALLED
 from ..readiness.probe import HostProbe
@@ -15,11 +16,12 @@ from .cli import build_launch_config, engine_environment
 from .crash_loop import CrashLoopGuard
 from .drain import drain
 from .engine_process import EOF_WAIT, Engine
-from .exit_codes import EXIT_CRASH_LOOP, EXIT_ENGINE_EXITED, EXIT_FAILED, EXIT_USAGE, VERDICT_EXIT
+from .exit_codes import EXIT_CRASH_LOOP, EXIT_ENGINE_EXITED, EXIT_FAILED, EXIT_PREFETCH, EXIT_USAGE, VERDICT_EXIT
 from .hold import exit_status_when_held
 from .gpu_turns import GpuTurnError, GpuTurns
 from .liveness import unresponsive_message, watchdog_liveness
 from .notify import Notifier, watchdog_interval
+from .prefetch_step import PrefetchStep
 from .reporter import STATUS_EVERY, Reporter
 from .start_record import said_at_start
 from .textfile import prometheus_text, write_textfile
@@ -115,6 +117,16 @@ class Launcher(object):
         self.crash_loop = CrashLoopGuard(options.state_dir, options.crash_loop_starts, self.log, self.wall_clock)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
+        # The prefetch needs no GPU: it reads before the start takes its turn on them, beside another's load.
+        try:  # launcher/prefetch_step.py: the model into the page cache, before the engine exists
+            if not PrefetchStep(options, notifier, self.log, config.stall_timeout,
+                                stopping=lambda: self.stop_signal is not None).run():
+                return 0  # stopped while it read: nothing was started
+        except PrefetchError as exc:
+            self.log("failed: %s" % exc)
+            notifier.status("failed: %s" % exc)
+            return exit_status_when_held(options.hold_dir, options.name,
+                                         self.crash_loop.failed("failed: %s" % exc, [], EXIT_PREFETCH), self.log)
         try:
             if options.gpu_turns and not self._take_gpu_turn(notifier, config):
                 return 0  # stopped while it waited: nothing was started

@@ -12,7 +12,10 @@ STATUS_CHARS characters, and its first word says the phase:
   initializing: <marker> (since 1m05s)
   starting: waiting for GPU 2's memory to be released by pid 4242 (sglang-a.service, stopping)
   starting: waiting for its turn on GPU 2: sglang-a.service (pid 4242) is starting (loading)
-                                                       the launcher waits before it starts the engine
+  starting: prefetching 12.0 GiB of 548.0 GiB (2%), 6.8 GB/s, ETA 1m18s
+                                                       the launcher waits (or reads the model into the
+                                                       page cache: launcher/prefetch_step.py) before it
+                                                       starts the engine
   initializing: <marker> (since 9m00s) | usual: loading 16m00s, initializing 11m00s | ~2m00s left
                                                        with the host's earlier starts (history.usual_line)
   ready in 14m03s                                      after READY=1
@@ -151,7 +154,9 @@ def status_phase(status_text):
 # memory, or for its turn on a GPU another start holds. Its own clock bounds the first, the other
 # start's verdict the second: the reader must not take the engine's silence for a stall meanwhile.
 WAITING_PREFIX = STARTING + ": "
-WAITING = re.compile(r"^" + re.escape(WAITING_PREFIX) + r"(waiting for (?:GPU \d+'s memory to be released|its turn on GPU \d+)\b.*)$")
+# Its prefetch (launcher/prefetch_step.py) is bounded by its own stall rule the same way.
+WAITING = re.compile(r"^" + re.escape(WAITING_PREFIX) + r"(waiting for (?:GPU \d+'s memory to be released|its turn on GPU \d+)\b.*"
+                     r"|prefetching [\d.]+ \S+ of [\d.]+ \S+ \(\d+%\).*)$")
 
 
 def waiting_status(what):
