@@ -268,23 +268,45 @@ def test_sglang_metrics_can_be_switched_off_and_the_textfile_gets_the_expected_l
     assert not os.path.exists(os.path.join(str(rendered["root"]), "notify", "expected-load.prom"))
 
 
-def test_the_preflights_expected_load_is_written_again_only_when_it_moved_by_a_quarter(tmp_path):
-    """The GPU preflight measures the read rate every run: its figure wanders a little, and the host
-    must still converge with changed=0 (1100 after 1000 is kept; 700 moved by more than a quarter)."""
+def test_the_preflights_expected_load_is_written_once_and_refreshed_only_with_a_restart(tmp_path):
+    """The GPU preflight measures the disk cold every run: its figure wanders (2-3x on a virtual disk),
+    and the host must still converge with changed=0. The first figure is written; a later one only
+    when the restart handler refreshes the measures (_model_service_refresh_measures), whose restart
+    is a change anyway: 400 after 1000 is kept, 700 with a restart replaces it."""
     make_model(str(tmp_path / "model"))
     shared = str(tmp_path / "sglang-k26-expected-load.prom")
     written = []
-    for run, measured in enumerate((1000, 1100, 700)):
+    for run, (measured, restart) in enumerate(((1000, False), (400, False), (700, True))):
         host = {"model_service_engine": "sglang", "model_service_model_path": str(tmp_path / "model"),
                 "model_service_launcher_textfile": "/var/lib/node_exporter/textfile/sglang-k26.prom",
                 "gpu_preflight_expected_load_seconds": measured}
         (tmp_path / str(run)).mkdir()
-        proc, _root = run_play(tmp_path / str(run), {"host": host}, extra={"_model_service_expected_load_file": shared})
+        extra = {"_model_service_expected_load_file": shared, "_model_service_refresh_measures": restart}
+        proc, _root = run_play(tmp_path / str(run), {"host": host}, extra=extra)
         assert proc.returncode == 0, proc.stdout
         with open(shared) as handle:
             written.append(handle.read().splitlines()[-1])
     assert written == ['modelwake_load_expected_seconds{name="sglang-k26.service"} %d' % n
                        for n in (1000, 1000, 700)]
+
+
+def test_the_disk_rate_for_the_launcher_is_written_once_and_refreshed_only_with_a_restart(tmp_path):
+    """The launcher's slow-load line reads the preflight's cold disk rate from the unit's state
+    directory, never from the unit: written when absent, replaced only by the restart handler, and
+    left alone by a preflight that could not measure it cold (0)."""
+    make_model(str(tmp_path / "model"))
+    state = tmp_path / "state"
+    written = []
+    for run, (rate, restart) in enumerate(((900000000, False), (2700000000, False), (0, True),
+                                           (1800000000, True))):
+        host = {"model_service_engine": "sglang", "model_service_model_path": str(tmp_path / "model"),
+                "gpu_preflight_disk_rate": rate, "model_service_user": "root", "model_service_group": "root"}
+        (tmp_path / str(run)).mkdir()
+        extra = {"_model_service_state_dir": str(state), "_model_service_refresh_measures": restart}
+        proc, _root = run_play(tmp_path / str(run), {"host": host}, extra=extra)
+        assert proc.returncode == 0, proc.stdout
+        written.append((state / "disk-rate").read_text().strip())
+    assert written == ["900000000", "900000000", "900000000", "1800000000"]
 
 
 def test_a_stop_gives_the_requests_in_flight_their_drain_before_the_kill(rendered):
