@@ -47,6 +47,9 @@ class HostProbe(object):
         self.awaiting_next_run = False
         self.earlier_invocation = None
         self.root_start = None
+        # runtime docker: the engine's container, found by its name (its init's PID kept between looks).
+        self.docker_container = (container_engine.DockerContainer(config.engine_container)
+                                 if config.engine_container else None)
         if config.unit:
             try:
                 props = systemd.unit_properties(config.unit, runner)
@@ -118,6 +121,8 @@ class HostProbe(object):
         roots = [self.config.pid]
         if self.config.engine_in_cgroup:
             roots = container_engine.engine_roots(self.config.pid, self.proc_root)
+        elif self.docker_container is not None:
+            roots = self.docker_container.engine_roots(self.config.pid, self.proc_root)
         return self.config.pid, procfs.tree(roots, self.proc_root), {}
 
     def snapshot(self, t, remaining=None, stacks=False):
