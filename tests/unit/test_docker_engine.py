@@ -112,3 +112,43 @@ def test_the_launchers_option_makes_the_probe_look_in_the_container(tmp_path, mo
     probe.root_start = procfs.read_process(CLIENT, proc)["starttime"]
     root, processes, launcher = probe._processes(None)
     assert (root, sorted(processes), launcher) == (CLIENT, [CLIENT, INIT, ENGINE, RANK], {})
+
+
+def test_a_wait_on_the_unit_finds_the_container_its_launcher_names(tmp_path, monkeypatch):
+    # wait_for_model_ready on the unit (the deploy's handler) is not the launcher: the launcher's command line
+    # names the container, and its processes join the unit's (client and launcher) as the server's.
+    proc, cgroups = host(tmp_path)
+    launch = "/opt/venv/bin/python /opt/modelwake/lib/modelwake-launch --engine-container %s --py-spy x -- docker run" % NAME
+    (tmp_path / "proc" / str(LAUNCHER) / "cmdline").write_text(launch.replace(" ", "\0"))
+    (tmp_path / "proc" / str(LAUNCHER) / "stat").write_text(
+        "%d (python3) S 1 %d %d 0 -1 0 0 0 0 0 10 5 0 0 20 0 1 0 777 0 0\n" % (LAUNCHER, LAUNCHER, LAUNCHER))
+    (tmp_path / "proc" / str(CLIENT) / "stat").write_text(
+        "%d (docker) S %d %d %d 0 -1 0 0 0 0 0 10 5 0 0 20 0 1 0 777 0 0\n" % (CLIENT, LAUNCHER, CLIENT, CLIENT))
+    unit_dir = tmp_path / "cgroup" / "systemd" / UNIT_CGROUP
+    unit_dir.mkdir(parents=True)
+    (unit_dir / "cgroup.procs").write_text("%d\n%d\n" % (LAUNCHER, CLIENT))
+    config = build_launch_config(parse_args(["--url", "http://127.0.0.1:30011", "--engine", "sglang",
+                                             "--no-start-history", "--", "docker", "run"]), {})
+    config.unit = "sglang-dock.service"
+    probe = HostProbe.__new__(HostProbe)
+    probe.config, probe.proc_root, probe.docker_container = config, proc, None
+    docker = FakeDocker((0, "%d\n" % INIT))
+    real_container, real_cgroup_pids = container_engine.DockerContainer, procfs.cgroup_pids
+    monkeypatch.setattr(container_engine, "DockerContainer", lambda name: real_container(name, run=docker))
+
+    def fake_host_cgroup_pids(control_group, main_pid, proc_root, cgroup_root=None):
+        return real_cgroup_pids(control_group, main_pid, proc_root, cgroups)
+    monkeypatch.setattr(procfs, "cgroup_pids", fake_host_cgroup_pids)
+    unit = {"MainPID": LAUNCHER, "ControlGroup": "/" + UNIT_CGROUP}
+    root, processes, launcher = probe._processes(unit)
+    assert root == LAUNCHER and sorted(launcher) == [LAUNCHER]
+    assert sorted(processes) == [CLIENT, INIT, ENGINE, RANK]
+    assert probe.docker_container.name == NAME and docker.commands[0][-1] == NAME
+
+
+def test_a_launchers_command_line_names_its_container_before_the_engines_command():
+    assert container_engine.launcher_container("python modelwake-launch --engine-container c1 -- docker run") == "c1"
+    assert container_engine.launcher_container("python modelwake-launch --engine-container=c2 -- x") == "c2"
+    # After `--` the words are the engine's, never the launcher's options.
+    assert container_engine.launcher_container("python modelwake-launch -- docker run --engine-container c3") is None
+    assert container_engine.launcher_container("python modelwake-launch --engine-in-cgroup -- podman run") is None

@@ -65,14 +65,31 @@ class DockerContainer(object):
         self.init = (pid, info["starttime"])
         return pid
 
-    def engine_roots(self, engine_pid, proc_root="/proc", cgroup_root="/sys/fs/cgroup"):
-        """The roots of the engine's process trees: the launcher's child (the docker client) and the
-        processes of the container's cgroup, or its init alone where that cgroup is not found."""
-        roots = [engine_pid]
+    def container_pids(self, proc_root="/proc", cgroup_root="/sys/fs/cgroup"):
+        """The processes of the container's cgroup, or its init alone where that cgroup is not found; []
+        while it has none."""
         init = self.init_pid(proc_root)
         if init is None:
-            return roots
-        for pid in procfs.cgroup_pids(None, init, proc_root, cgroup_root) or [init]:
+            return []
+        return procfs.cgroup_pids(None, init, proc_root, cgroup_root) or [init]
+
+    def engine_roots(self, engine_pid, proc_root="/proc", cgroup_root="/sys/fs/cgroup"):
+        """The roots of the engine's process trees: the launcher's child (the docker client) and the
+        container's processes."""
+        roots = [engine_pid]
+        for pid in self.container_pids(proc_root, cgroup_root):
             if pid not in roots:
                 roots.append(pid)
         return roots
+
+
+def launcher_container(cmdline):
+    """The Docker container a launcher's command line names (--engine-container NAME), or None: how a wait
+    on the unit, outside the launcher, finds the engine the unit's cgroup does not hold."""
+    options = (cmdline or "").split(" -- ", 1)[0].split()
+    for index, word in enumerate(options):
+        if word == "--engine-container" and index + 1 < len(options):
+            return options[index + 1]
+        if word.startswith("--engine-container="):
+            return word.split("=", 1)[1]
+    return None
