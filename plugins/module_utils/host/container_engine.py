@@ -54,7 +54,8 @@ class DockerContainer(object):
             self.init = None
         try:
             done = self.run([self.docker, "inspect", "--type", "container", "--format", "{{.State.Pid}}", self.name],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, universal_newlines=True, timeout=10)
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, universal_newlines=True, timeout=10,
+                            check=False)
         except (OSError, subprocess.SubprocessError):
             return None
         text = done.stdout.strip() if done.returncode == 0 else ""
