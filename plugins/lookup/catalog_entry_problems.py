@@ -74,7 +74,7 @@ CATALOG = {
     "stall_timeout": {"type": "str", "seconds_or_auto": True},
     "expected_load_seconds": {"type": "int"},
     # Containers (docs/operating.md, "Containers"): the runtime, the image by name, its pinned ID, an archive.
-    "runtime": {"type": "str", "choices": ["venv", "podman"]},
+    "runtime": {"type": "str", "choices": ["venv", "podman", "docker"]},
     "image": {"type": "str"},
     "image_id": {"type": "str"},
     "image_archive": {"type": "str"},

@@ -65,9 +65,15 @@ class Locked(object):
 
 def podman_debs():
     """The directory of the .deb files Podman adds to a test host (downloaded once)."""
+    return guest_debs(PACKAGES)
+
+
+def guest_debs(packages):
+    """The directory of the .deb files that `packages` add to a test host (downloaded once, cached by the
+    guests' root filesystem and the package list)."""
     tool = _testhosts()
     lower = os.path.join(tool.CACHE, tool.rootfs_id())
-    debs = os.path.join(CACHE, "debs-%s-%s" % (tool.rootfs_id(), hashlib.sha256(" ".join(PACKAGES).encode()).hexdigest()[:8]))
+    debs = os.path.join(CACHE, "debs-%s-%s" % (tool.rootfs_id(), hashlib.sha256(" ".join(packages).encode()).hexdigest()[:8]))
     with Locked(debs):
         if os.path.isdir(debs):
             return debs
@@ -85,7 +91,7 @@ def podman_debs():
                    "-o", "Debug::NoLocking=1"]
         subprocess.run(["apt-get", "-qq"] + options + ["update"], check=True)
         subprocess.run(["apt-get", "-qq", "-y", "--no-install-recommends", "--download-only"] + options
-                       + ["install"] + PACKAGES, check=True)
+                       + ["install"] + list(packages), check=True)
         archives = os.path.join(work, "cache", "archives")
         os.makedirs(debs + ".tmp", exist_ok=True)
         for name in os.listdir(archives):
@@ -94,6 +100,14 @@ def podman_debs():
         os.rename(debs + ".tmp", debs)
         shutil.rmtree(work)
         return debs
+
+
+def install_debs(guest, packages):
+    """Install `packages` on the guest from the cached .deb files (the guests reach no network)."""
+    debs = guest_debs(packages)
+    push_files(guest, "/root/guest-debs", [os.path.join(debs, name) for name in sorted(os.listdir(debs))])
+    guest_sh(guest, "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
+                    "/root/guest-debs/*.deb >/dev/null && rm -rf /root/guest-debs", timeout=300)
 
 
 def push_files(guest, directory, paths):
@@ -107,10 +121,7 @@ def push_files(guest, directory, paths):
 
 def install_podman(guest):
     """Podman on the guest from the cached packages, set up for what the guests lack."""
-    debs = podman_debs()
-    push_files(guest, "/root/podman-debs", [os.path.join(debs, name) for name in sorted(os.listdir(debs))])
-    guest_sh(guest, "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
-                    "/root/podman-debs/*.deb >/dev/null && rm -rf /root/podman-debs", timeout=300)
+    install_debs(guest, PACKAGES)
     guest_sh(guest, "cat > /etc/containers/storage.conf", stdin=STORAGE_CONF)
     guest_sh(guest, "cat > /etc/containers/containers.conf", stdin=CONTAINERS_CONF)
 

@@ -49,6 +49,9 @@ def parse_args(argv):
     parser.add_argument("--engine-in-cgroup", action="store_true",
                         help="the command runs the engine in a container (podman run): its processes are this "
                              "unit's cgroup's outside the launcher's session, not only the command's descendants")
+    parser.add_argument("--engine-container", default=None, metavar="NAME",
+                        help="the command runs the engine in this Docker container (docker run --name NAME): its "
+                             "processes are the container's, found from its init's host PID (docker inspect)")
     parser.add_argument("--name", default="model",
                         help="the unit's full name (sglang-k26.service): the `name` label of the Prometheus "
                              "textfile, as node_exporter's systemd collector labels units")
@@ -144,6 +147,7 @@ def build_launch_config(options, environ):
         raise ModelWakeError("timeout: must be greater than 0 (the launcher always waits), got %s" % options.timeout)
     config = build_config(params, starts_server=True)
     config.engine_in_cgroup = options.engine_in_cgroup
+    config.engine_container = options.engine_container
     # The record of the unit's starts: the usual figures, and the auto budgets resolved here, once.
     config, options.start_memory, options.budgets = launch_memory(options, config, environ)
     # A spinning hang is declared at most a stack read later than a silent one.

@@ -74,6 +74,9 @@ class WaitConfig(object):
     # The launcher's engine runs in a container (runtime podman): its processes are found in the launcher's
     # cgroup, outside its session, not only below its child (host/container_engine.py).
     engine_in_cgroup: bool = False
+    # Or in a Docker container of this name (runtime docker): its processes are the container's cgroup's,
+    # outside the unit's (host/container_engine.py's DockerContainer).
+    engine_container: Optional[str] = None
 
     def for_started_server(self, pid):
         """This config for the server the caller has just started as `pid` (the launcher's engine):

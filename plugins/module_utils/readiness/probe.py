@@ -47,6 +47,9 @@ class HostProbe(object):
         self.awaiting_next_run = False
         self.earlier_invocation = None
         self.root_start = None
+        # runtime docker: the engine's container, found by its name (its init's PID kept between looks).
+        self.docker_container = (container_engine.DockerContainer(config.engine_container)
+                                 if config.engine_container else None)
         if config.unit:
             try:
                 props = systemd.unit_properties(config.unit, runner)
@@ -90,6 +93,17 @@ class HostProbe(object):
         return {"invocation": self.earlier_invocation, "pid": unit.get("MainPID") or None,
                 "state": "%s, %s" % (unit.get("ActiveState"), unit.get("SubState"))}
 
+    def _unit_container_pids(self, main):
+        """runtime docker: the processes of the container the unit's launcher names (--engine-container),
+        outside the unit's cgroup; [] for any other unit."""
+        info = procfs.read_process(main, self.proc_root) if main else None
+        name = container_engine.launcher_container(info["cmdline"]) if info is not None else None
+        if name is None or not systemd.is_launcher(info["cmdline"]):
+            return []
+        if self.docker_container is None or self.docker_container.name != name:
+            self.docker_container = container_engine.DockerContainer(name)
+        return self.docker_container.container_pids(self.proc_root)
+
     def _processes(self, unit):
         """(the root pid, {pid: info} of the server's processes, {pid: info} of modelwake's launcher
         and the tools it runs)."""
@@ -98,6 +112,7 @@ class HostProbe(object):
                 return None, {}, {}
             main = unit.get("MainPID") or 0
             roots = procfs.cgroup_pids(unit.get("ControlGroup"), main, self.proc_root) or ([main] if main else [])
+            roots = roots + [pid for pid in self._unit_container_pids(main) if pid not in roots]
             processes = procfs.tree(roots, self.proc_root)
             live = dict((p, i) for p, i in processes.items() if not procfs.is_gone(i))
             # Not the server's work any more, but how a dead rank ended: its exit status.
@@ -118,6 +133,8 @@ class HostProbe(object):
         roots = [self.config.pid]
         if self.config.engine_in_cgroup:
             roots = container_engine.engine_roots(self.config.pid, self.proc_root)
+        elif self.docker_container is not None:
+            roots = self.docker_container.engine_roots(self.config.pid, self.proc_root)
         return self.config.pid, procfs.tree(roots, self.proc_root), {}
 
     def snapshot(self, t, remaining=None, stacks=False):
