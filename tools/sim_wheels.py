@@ -10,6 +10,7 @@ Runs pip with the interpreter that runs it (Ansible's own, with setuptools >= 70
 without build isolation, so no index is needed for it). Prints DEST.
 """
 import argparse
+import fcntl
 import glob
 import os
 import subprocess
@@ -25,8 +26,12 @@ def build(dest, source=SIM_SOURCE, py_spy=PY_SPY_VERSION):
     """Build the sim wheel into dest (every time: the source may have changed) and download py-spy's
     wheel of that release when dest has none (py_spy empty: none)."""
     os.makedirs(dest, exist_ok=True)
-    subprocess.run(PIP + ["wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", dest, source],
-                   check=True, stdout=subprocess.DEVNULL)
+    # setuptools builds in the source's own build/ directory: two plays building at once (the tests'
+    # guests set up side by side) would remove each other's files there. One build at a time.
+    with open(os.path.join(dest, ".build.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run(PIP + ["wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", dest, source],
+                       check=True, stdout=subprocess.DEVNULL)
     if py_spy and not glob.glob(os.path.join(dest, "py_spy-%s-*.whl" % py_spy)):
         subprocess.run(PIP + ["download", "--no-deps", "--only-binary", ":all:", "--dest", dest,
                               "py-spy==%s" % py_spy], check=True, stdout=subprocess.DEVNULL)
