@@ -13,8 +13,10 @@ import argparse
 import fcntl
 import glob
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 SIM_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "engines", "sim")
 # inference_env's default py-spy release (tests/unit/test_stacks.py keeps them equal).
@@ -26,11 +28,14 @@ def build(dest, source=SIM_SOURCE, py_spy=PY_SPY_VERSION):
     """Build the sim wheel into dest (every time: the source may have changed) and download py-spy's
     wheel of that release when dest has none (py_spy empty: none)."""
     os.makedirs(dest, exist_ok=True)
-    # setuptools builds in the source's own build/ directory: two plays building at once (the tests'
-    # guests set up side by side) would remove each other's files there. One build at a time.
-    with open(os.path.join(dest, ".build.lock"), "w") as lock:
+    # setuptools builds in its source's build/ and *.egg-info: built from a copy, so that nothing is
+    # written into the checkout and an interrupted build leaves nothing behind for the next. One build
+    # at a time (the tests' guests are set up side by side): each replaces the same wheel in dest.
+    with open(os.path.join(dest, ".build.lock"), "w") as lock, tempfile.TemporaryDirectory() as scratch:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        subprocess.run(PIP + ["wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", dest, source],
+        copy = os.path.join(scratch, "sim")
+        shutil.copytree(source, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+        subprocess.run(PIP + ["wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", dest, copy],
                        check=True, stdout=subprocess.DEVNULL)
     if py_spy and not glob.glob(os.path.join(dest, "py_spy-%s-*.whl" % py_spy)):
         subprocess.run(PIP + ["download", "--no-deps", "--only-binary", ":all:", "--dest", dest,
