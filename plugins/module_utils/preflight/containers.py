@@ -65,7 +65,21 @@ def podman_containers(podman=PODMAN):
                               stderr=subprocess.DEVNULL, universal_newlines=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return []
-    return parse_podman_ps(done.stdout) if done.returncode == 0 else []
+    containers = parse_podman_ps(done.stdout) if done.returncode == 0 else []
+    unknown = [c["id"] for c in containers if not c["pid"] and c["id"]]
+    if unknown:
+        # A Podman whose `ps` leaves the PID out: its inspect says it.
+        try:
+            done = subprocess.run([podman, "inspect", "--type", "container", "--format", "{{.Id}} {{.State.Pid}}"]
+                                  + unknown, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                  universal_newlines=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return containers
+        pids = dict(line.split() for line in done.stdout.splitlines() if len(line.split()) == 2)
+        for container in containers:
+            if container["id"] in pids and pids[container["id"]].isdigit():
+                container["pid"] = int(pids[container["id"]])
+    return containers
 
 
 def match_container(container_id, namespace, host_namespace, containers):
