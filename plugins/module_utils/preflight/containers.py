@@ -62,7 +62,7 @@ def podman_containers(podman=PODMAN):
         return []
     try:
         done = subprocess.run([podman, "ps", "--no-trunc", "--format", "json"], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, universal_newlines=True, timeout=30)
+                              stderr=subprocess.DEVNULL, universal_newlines=True, timeout=30, check=False)
     except (OSError, subprocess.SubprocessError):
         return []
     containers = parse_podman_ps(done.stdout) if done.returncode == 0 else []
@@ -72,7 +72,7 @@ def podman_containers(podman=PODMAN):
         try:
             done = subprocess.run([podman, "inspect", "--type", "container", "--format", "{{.Id}} {{.State.Pid}}"]
                                   + unknown, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                  universal_newlines=True, timeout=30)
+                                  universal_newlines=True, timeout=30, check=False)
         except (OSError, subprocess.SubprocessError):
             return containers
         pids = dict(line.split() for line in done.stdout.splitlines() if len(line.split()) == 2)
