@@ -89,12 +89,15 @@ missing_gpus:
   type: list
   elements: int
 holders:
-  description: Processes holding memory on needed GPUs, with C(verdict) own, stoppable or foreign.
+  description:
+    - Processes holding memory on needed GPUs, with C(verdict) own, stoppable or foreign.
+    - C(container) is the container a holder runs in (C(id), C(name)) or null; C(label) is its host PID,
+      followed by that container's name and short ID.
   returned: always
   type: list
   elements: dict
   sample: [{"pid": 4242, "user": "root", "unit": "session-3.scope", "cmdline": "python ddtree.py",
-            "gpus": {"0": 55000}, "verdict": "foreign"}]
+            "gpus": {"0": 55000}, "verdict": "foreign", "container": null, "label": "4242"}]
 blocking_gpus:
   description: Needed GPUs where foreign processes hold more than max_foreign_mib.
   returned: always

@@ -4,9 +4,12 @@ loaded by inference_env from its archive as on an air-gapped host), Podman from 
 
 The unit is the venv's notify unit with `podman run` as the launcher's engine: systemd says activating with
 the launcher's STATUS= (the read bytes are the container's, found in the unit's cgroup by host PID) until a
-completion answers; a re-run changes nothing and keeps the same container; an engine that crashes in the
-container ends the deploy failed with its own error, and its stops leave no container behind. The guest is
-destroyed afterwards, also when a test fails.
+completion answers; a re-run changes nothing and keeps the same container; an image upgrade whose engine
+fails is rolled back to the previous image ID; GPU holders in containers are named by container beside their
+host PID, stopped through their unit when it may be stopped, refused otherwise; an engine that crashes in the
+container ends the deploy failed with its own error, and its stops leave no container behind; one that hangs
+is stalled with the ranks' stacks, read by py-spy from the host. The guest is destroyed afterwards, also when
+a test fails.
 """
 import json
 import os
@@ -18,8 +21,8 @@ import time
 import pytest
 
 from modelwake_runner.cli import run_playbook
-from tests.helpers.guesthost import PlayOutput, guest_sh, guest_vars, host_tool, verdict_msg
-from tests.helpers.podman_guest import install_podman, sim_image
+from tests.helpers.guesthost import PlayOutput, guest_sh, guest_vars, host_tool, verdict_msg, verdicts
+from tests.helpers.podman_guest import broken_image, install_podman, sim_image
 
 GUEST = "mwp-%d" % (os.getpid() % 100000)
 UNIT = "sglang-pod"
@@ -59,6 +62,20 @@ def recap(output):
     return recaps[-1][GUEST]
 
 
+def entry(guest):
+    """The catalog entry the fixture deployed (the pinned image, the usual arguments)."""
+    with open(guest["inventory"]) as handle:
+        return dict(json.load(handle)["all"]["vars"]["modelwake_models"]["pod"])
+
+
+def journal_since(cursor):
+    return on_guest("journalctl -u %s -o cat --after-cursor='%s'" % (UNIT, cursor))
+
+
+def journal_cursor():
+    return on_guest("journalctl -u %s -n 1 -o export | sed -n 's/^__CURSOR=//p'" % UNIT)
+
+
 def container_id():
     return on_guest("podman container inspect --format '{{.Id}}' %s" % CONTAINER)
 
@@ -90,6 +107,9 @@ def guest(tmp_path_factory):
                                                "model_service_engine] }}",
             # The guests' cgroup v1 controllers are read-only: the unit's own cgroup, no sub-cgroups.
             "model_service_container_cgroups": "disabled",
+            # No disk-rate measure: on this loaded 2-core machine it moves by more than 2x between runs, and
+            # model_service then rewrites its disk-rate file (changed=2 on a re-run that changes nothing else).
+            "gpu_preflight_read_sample_mib": 0,
             "modelwake_models": {"pod": entry}})
         with open(inventory, "w") as handle:
             json.dump({"all": {"children": {"model_hosts": {"hosts": {GUEST: {"ansible_host": host_tool("addr", GUEST)}}}},
@@ -164,6 +184,115 @@ def test_a_rerun_changes_nothing_and_keeps_the_same_container(guest):
     assert (container_id(), show("MainPID")["MainPID"]) == kept
 
 
+def test_a_failed_image_upgrade_is_rolled_back_to_the_previous_image(guest):
+    old = guest["image_id"]
+    mark = time.monotonic()
+    new = broken_image(GUEST, old)
+    guest["timings"]["broken image"] = round(time.monotonic() - mark, 1)
+    assert new != old
+    upgraded = dict(entry(guest), image_id=new, image_archive="")
+    rc, out = play(guest, "deploy-k26.yml", {"modelwake_models": {"pod": upgraded}})
+    flat = " ".join(out.split())
+    assert rc != 0, flat[-5000:]
+    # The restart onto the new image failed with the engine's own error ...
+    assert "%s did not come up after the image upgrade %s -> %s: failed after" % (UNIT, old, new) in flat, flat[-5000:]
+    assert "libcudart.so.13: cannot open shared object file" in flat, flat[-5000:]
+    # ... and the unit was put back on the previous image, which answered again.
+    assert re.search(r"Rolled back to the previous image %s and restarted: ready again after [\d.]+ s" % old, flat), flat[-5000:]
+    assert on_guest("cat /etc/modelwake/%s.image" % UNIT) == old
+    assert on_guest("podman container inspect --format '{{.Image}}' %s" % CONTAINER) == old[len("sha256:"):]
+    # (The launcher says READY=1 after its own completion, a moment after the wait's.)
+    deadline = time.monotonic() + 60
+    while show("ActiveState")["ActiveState"] != "active" and time.monotonic() < deadline:
+        time.sleep(1)
+    assert show("ActiveState")["ActiveState"] == "active"
+    # The unit names the previous image again (a re-run with the old pin leaves it so: test above).
+    assert old in show("ExecStart")["ExecStart"] and new not in show("ExecStart")["ExecStart"]
+
+
+def run_holder(command, marker):
+    """(host PID, container ID) of `sleep <marker>` in a container `command` starts (its catatonit's child)."""
+    on_guest(command)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        pid = on_guest("pgrep -xf 'sleep %s'" % marker, check=False)
+        if pid:
+            return pid, on_guest("podman ps --no-trunc --filter name=%s --format '{{.ID}}'" % marker_name(marker))
+        time.sleep(1)
+    raise AssertionError("no container ran sleep %s" % marker)
+
+
+def marker_name(marker):
+    return {"86401": "modelwake-sglang-pod-old", "86402": "stray"}[marker]
+
+
+def hold_gpu(pid, index, name):
+    """The fake nvidia-smi lists `pid` (a host PID, as NVML gives) as holding 30000 MiB of GPU `index`."""
+    on_guest("echo '{\"pid\": %s, \"name\": \"python\", \"gpus\": {\"%d\": {\"memory_mib\": 30000, "
+             "\"utilization\": 0}}}' > /run/modelwake-fake-gpu/holder-%s.json" % (pid, index, name))
+
+
+def test_gpu_holders_in_containers_are_named_and_stopped_only_through_a_modelwake_unit(guest):
+    host_tool("install-fake-gpus", GUEST, "--count", "2")
+    image = guest["image_id"][len("sha256:"):]
+    try:
+        # An older modelwake unit's container (its unit in the preflight's stop list) holds GPU 0 ...
+        old_pid, old_id = run_holder(
+            "systemd-run --unit=sglang-pod-old --property=Type=exec --property=TimeoutStopSec=10 /usr/bin/podman run "
+            "--rm --init --pull=never --cgroups=disabled --name modelwake-sglang-pod-old %s sleep 86401" % image, "86401")
+        hold_gpu(old_pid, 0, "old")
+        # ... and a container started by hand holds GPU 1.
+        stray_pid, stray_id = run_holder("podman run -d --init --pull=never --cgroups=disabled --name stray %s "
+                                         "sleep 86402 >/dev/null" % image, "86402")
+        hold_gpu(stray_pid, 1, "stray")
+        stop_list = {"gpu_preflight_stop_units": ["sglang-pod-old"]}
+        rc, out = play(guest, "deploy-k26.yml", stop_list)
+        flat = " ".join(out.split())
+        # Refused before any change, naming the stray container by name and short ID beside its host PID.
+        assert rc == 2, flat[-5000:]
+        assert "PIDs %s in container stray (%s):" % (stray_pid, stray_id[:12]) in flat, flat[-5000:]
+        assert re.search(r"%s root \S+ foreign 1:30000 \[container stray \(%s\)\] sleep 86402"
+                         % (stray_pid, stray_id[:12]), flat), flat[-5000:]
+        assert on_guest("systemctl is-active sglang-pod-old") == "active"
+        assert on_guest("podman ps --format '{{.Names}}' --filter name=stray") == "stray"
+        on_guest("podman rm --force --time 2 stray >/dev/null; rm -f /run/modelwake-fake-gpu/holder-stray.json")
+        # The modelwake unit's container is stopped through its unit; the service itself is left as it was.
+        kept = container_id()
+        rc, out = play(guest, "deploy-k26.yml", stop_list)
+        flat = " ".join(out.split())
+        assert rc == 0, flat[-5000:]
+        assert "changed: [%s] => (item=sglang-pod-old.service)" % GUEST in out, flat[-5000:]
+        assert re.search(r"%s root sglang-pod-old\.service stoppable 0:30000 \[container modelwake-sglang-pod-old "
+                         r"\(%s\)\] sleep 86401" % (old_pid, old_id[:12]), flat), flat[-5000:]
+        assert on_guest("systemctl is-active sglang-pod-old", check=False) in ("inactive", "failed")
+        assert on_guest("pgrep -xf 'sleep 86401'", check=False) == ""
+        assert container_id() == kept
+    finally:
+        # The later tests run without GPUs again.
+        on_guest("systemctl stop sglang-pod-old; podman rm --force --time 0 stray modelwake-sglang-pod-old; "
+                 "rm -rf /usr/local/bin/nvidia-smi /run/modelwake-fake-gpu", check=False)
+
+
+def test_a_hang_in_the_container_is_stalled_with_the_ranks_stacks(guest):
+    # Before the crash test: a start right after its stopped crash loop has the launcher say "starting again
+    # after a stopped crash loop: ..., each torch.OutOfMemoryError ...", which the wait reads as the new run's
+    # fatal line (a readiness issue of its own, reported; not the container's).
+    hanging = dict(entry(guest), stall_timeout=15)
+    hanging["extra_args"] = FAST + ["--fault", "hang:loading", "--fault-after", "1"]
+    cursor = journal_cursor()
+    rc, out = play(guest, "deploy-k26.yml", {"modelwake_models": {"pod": hanging}})
+    said = [v.get("msg") or "" for v in verdicts(out) if v["phase"] in ("failed", "stalled")]
+    assert rc != 0 and said and "stalled" in said[-1], out[-5000:]
+    journal = journal_since(cursor)
+    # The launcher declared the stall after stall_timeout, with where the rank is: py-spy, run from the host's
+    # venv, read the container's engine by its host PID.
+    assert re.search(r"stalled: no progress for \d+ s in phase loading", journal), journal[-4000:]
+    assert re.search(r"the ranks' stacks: TP0 in hang \(modelwake_sim/ranks\.py:\d+\)", journal), journal[-4000:]
+    assert "stacks unavailable" not in journal, journal[-4000:]
+    on_guest("systemctl stop %s" % UNIT, check=False)
+    assert containers() == []
+
+
 def test_a_crash_in_the_container_fails_the_deploy_with_its_cause_and_leaves_no_container(guest):
     crashing = dict(json.load(open(guest["inventory"]))["all"]["vars"]["modelwake_models"]["pod"])
     crashing["extra_args"] = FAST + ["--fault", "crash1:loading"]
@@ -177,3 +306,4 @@ def test_a_crash_in_the_container_fails_the_deploy_with_its_cause_and_leaves_no_
         time.sleep(1)
     assert show("ActiveState")["ActiveState"] in ("failed", "inactive")
     assert containers() == []
+

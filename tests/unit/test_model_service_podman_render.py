@@ -95,3 +95,41 @@ def test_a_podman_unit_without_a_pinned_image_id_is_refused(tmp_path):
     assert proc.returncode != 0
     assert "model_service_container_image_id, the image's ID as sha256:<64 hex digits>" in proc.stdout
     assert not (root / "nopin" / "unit.service").exists()
+
+
+NEW_IMAGE_ID = "sha256:" + "7" * 64
+
+
+def test_the_image_the_unit_ran_is_kept_for_the_rollback_of_a_failed_image_upgrade(tmp_path, monkeypatch):
+    """tasks/unit.yml reads the image ID the unit ran (kept on the host beside the unit) before rendering
+    another: a new ID is an image upgrade the restart handler rolls back when the start fails; the rollback's
+    _model_service_image_rollback_to renders the previous ID again, in the unit and the kept file."""
+    import tests.unit.test_model_service_render as render
+    monkeypatch.setattr(render, "PLAY", render.PLAY.replace(
+        "    - name: Stop before the handlers", "    - name: Show the upgrade\n      ansible.builtin.debug:\n"
+        "        msg: \"upgrade {{ _model_service_image_upgrade.before }} -> {{ _model_service_image_upgrade.after }}"
+        " changed={{ _model_service_image_upgrade.changed | bool }}\"\n"
+        "    - name: Stop before the handlers"))
+    model = str(tmp_path / "models" / "k26")
+    make_model(model)
+    kept = tmp_path / "sglang-pod.image"
+    host = {"model_service_runtime": "podman", "model_service_engine": "sglang", "model_service_unit": "sglang-pod",
+            "model_service_model_path": model, "model_service_container_cgroups": "disabled"}
+    runs = []
+    for number, (image_id, extra) in enumerate([(IMAGE_ID, {}), (NEW_IMAGE_ID, {}),
+                                                (NEW_IMAGE_ID, {"_model_service_image_rollback_to": IMAGE_ID})]):
+        work = tmp_path / ("run%d" % number)
+        work.mkdir()
+        proc, root = run_play(work, {"pod": dict(host, model_service_container_image_id=image_id)},
+                              extra=dict(extra, _model_service_image_file=str(kept)))
+        assert proc.returncode == 0, proc.stdout
+        runs.append((" ".join(proc.stdout.split()), (root / "pod" / "unit.service").read_text(), kept.read_text().strip()))
+    # A first deploy: nothing to go back to.
+    assert "upgrade -> %s changed=False" % IMAGE_ID in runs[0][0], runs[0][0]
+    assert runs[0][2] == IMAGE_ID and IMAGE_ID in exec_argv(runs[0][1])
+    # A new image: the previous ID is known, the restart may roll back to it.
+    assert "upgrade %s -> %s changed=True" % (IMAGE_ID, NEW_IMAGE_ID) in runs[1][0], runs[1][0]
+    assert runs[1][2] == NEW_IMAGE_ID and NEW_IMAGE_ID in exec_argv(runs[1][1])
+    # The rollback's render: the previous image in the unit and in the kept file again.
+    argv = exec_argv(runs[2][1])
+    assert IMAGE_ID in argv and NEW_IMAGE_ID not in argv and runs[2][2] == IMAGE_ID

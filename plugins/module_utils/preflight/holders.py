@@ -6,7 +6,8 @@ systemd unit it belongs to (from /proc/<pid>/cgroup), and a pure `plan()` that s
 the service's own processes, processes of units that may be stopped, and foreign processes.
 
 A process is only ever attributed to a unit through its cgroup: a holder whose cgroup names no
-unit from the stop list is foreign, and the preflight fails rather than touch it.
+unit from the stop list is foreign, and the preflight fails rather than touch it. A holder in a
+container is named by its container too (containers.py), beside its host PID.
 """
 import os
 import pwd
@@ -14,6 +15,7 @@ import pwd
 from ..common.units import MIB
 from ..host import procfs
 from ..host.gpu import GpuReader
+from . import containers as container_names
 from ..host.procfs import unit_from_cgroup  # the one reading of a cgroup's unit, shared with the launcher
 
 OWN = "own"
@@ -50,8 +52,9 @@ def process_owner(pid, proc_root="/proc"):
     return user, unit
 
 
-def read_holders(reader, proc_root="/proc"):
-    """[{pid, user, unit, cmdline, gpus: {index: mib or None}}] from the reader's compute processes."""
+def read_holders(reader, proc_root="/proc", list_containers=container_names.podman_containers):
+    """[{pid, user, unit, cmdline, container, label, gpus: {index: mib or None}}] from the reader's
+    compute processes (container: {id, name} or None; label: the PID, and the container it runs in)."""
     by_pid = {}
     for proc in reader.compute_processes():
         holder = by_pid.get(proc["pid"])
@@ -67,7 +70,16 @@ def read_holders(reader, proc_root="/proc"):
             }
             by_pid[proc["pid"]] = holder
         holder["gpus"][proc["index"]] = proc["used_memory_mib"]
-    return [by_pid[pid] for pid in sorted(by_pid)]
+    holders = container_names.attach_containers([by_pid[pid] for pid in sorted(by_pid)], proc_root, list_containers)
+    for holder in holders:
+        holder["label"] = holder_label(holder)
+    return holders
+
+
+def holder_label(holder):
+    """'1234', or '1234 in container NAME (SHORT ID)' for a holder in a container (NVML's host PID)."""
+    where = container_names.describe(holder.get("container"))
+    return "%s in %s" % (holder["pid"], where) if where else str(holder["pid"])
 
 
 def _mib(value):
@@ -149,14 +161,20 @@ def plan(gpus, holders, needed=None, service_unit=None, stop_units=(), max_forei
 
 
 def holder_table(holders):
-    """Fixed-width lines: PID, user, unit, verdict, memory per GPU, command line."""
+    """Fixed-width lines: PID, user, unit, verdict, memory per GPU, command line (after the container
+    it runs in, if any)."""
     rows = [("PID", "USER", "UNIT", "VERDICT", "GPU MEMORY (MiB)", "COMMAND")]
     for h in holders:
         memory = " ".join("%s:%s" % (i, _mib(m)) for i, m in sorted(h["gpus"].items()))
         rows.append((str(h["pid"]), h["user"] or "?", h["unit"] or "-", h.get("verdict", ""),
-                     memory, (h["cmdline"] or "")[:120]))
+                     memory, _in_container(h) + (h["cmdline"] or "")[:120]))
     widths = [max(len(row[col]) for row in rows) for col in range(5)]
     return ["  ".join(row[col].ljust(widths[col]) for col in range(5)) + "  " + row[5] for row in rows]
+
+
+def _in_container(holder):
+    where = container_names.describe(holder.get("container"))
+    return "[%s] " % where if where else ""
 
 
 def gpu_table(gpus):
@@ -167,11 +185,11 @@ def gpu_table(gpus):
 
 
 def survey(needed=None, service_unit=None, stop_units=(), max_foreign_mib=1024, min_free_mib=0,
-           model_bytes=0, reader=None, proc_root="/proc"):
+           model_bytes=0, reader=None, proc_root="/proc", list_containers=container_names.podman_containers):
     """Read the GPUs and their holders and plan; returns plan() plus backend, gpus and tables."""
     reader = reader or GpuReader(gpus=None)
     gpus = reader.read()
-    holders = read_holders(reader, proc_root) if gpus else []
+    holders = read_holders(reader, proc_root, list_containers) if gpus else []
     result = plan(gpus, holders, needed, service_unit, stop_units, max_foreign_mib, min_free_mib, model_bytes)
     result.update({
         "backend": reader.backend,

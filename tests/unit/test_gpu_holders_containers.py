@@ -1,0 +1,125 @@
+"""GPU holders in containers (preflight/containers.py): NVML lists their host PIDs; the preflight names the
+container beside each (from the cgroup's libpod-<id>, or, with Podman's --cgroups=disabled, from the PID
+namespace its first process shares), and who may be stopped is still decided by the unit alone.
+
+/proc is a directory tree written by the test (cgroups, and ns/pid as symlinks like the kernel's); the
+container list stands in for `podman ps --format json`.
+"""
+import json
+import os
+
+from ansible_collections.modelwake.serving.plugins.module_utils.preflight import containers, holders
+from ansible_collections.modelwake.serving.plugins.module_utils.host.gpu import GpuReader
+from tests.helpers.fakes import fresh_nvml_api
+from tests.unit.test_gpu_preflight_logic import write_proc
+
+ID_A = "a" * 12 + "0123456789abcdef" * 3 + "b" * 4
+ID_B = "c" * 64
+HOST_NS = "pid:[4026531836]"
+
+
+def with_namespace(proc, pid, namespace):
+    ns = proc / str(pid) / "ns"
+    ns.mkdir(parents=True, exist_ok=True)
+    os.symlink(namespace, str(ns / "pid"))
+
+
+def test_container_id_from_the_cgroup_paths_of_podman_and_docker():
+    assert containers.container_id_from_cgroup("0::/machine.slice/libpod-%s.scope\n" % ID_A) == ID_A
+    # --cgroups=split: the engine in a sub-cgroup of the unit's.
+    assert containers.container_id_from_cgroup("0::/system.slice/sglang-k26.service/libpod-payload-%s\n" % ID_B) == ID_B
+    assert containers.container_id_from_cgroup("0::/system.slice/docker-%s.scope\n" % ID_B) == ID_B
+    # cgroup v1: the controllers' lines carry it too.
+    assert containers.container_id_from_cgroup("4:memory:/machine.slice/libpod-%s.scope/container\n1:name=systemd:/\n"
+                                               % ID_A) == ID_A
+    assert containers.container_id_from_cgroup("0::/system.slice/sglang-k26.service\n") is None
+    # Not a whole ID: no container.
+    assert containers.container_id_from_cgroup("0::/machine.slice/libpod-%s.scope\n" % ID_A[:20]) is None
+    assert containers.container_id_from_cgroup("") is None
+
+
+def test_parse_podman_ps_json():
+    text = json.dumps([{"Id": ID_A, "Names": ["stray"], "Pid": 4321}, {"Id": ID_B, "Names": ["other"]}])
+    assert containers.parse_podman_ps(text) == [{"id": ID_A, "name": "stray", "pid": 4321},
+                                                {"id": ID_B, "name": "other", "pid": 0}]
+    assert containers.parse_podman_ps("") == [] and containers.parse_podman_ps("not json") == []
+
+
+def test_match_container_by_cgroup_id_then_by_pid_namespace():
+    listed = [{"id": ID_A, "name": "stray", "pid": 10, "pid_ns": "pid:[1]"},
+              {"id": ID_B, "name": "modelwake-other", "pid": 20, "pid_ns": "pid:[2]"}]
+    assert containers.match_container(ID_B, "pid:[2]", HOST_NS, listed) == {"id": ID_B, "name": "modelwake-other"}
+    # A container the runtime does not list (another runtime's): its ID alone.
+    assert containers.match_container(ID_B, None, HOST_NS, []) == {"id": ID_B, "name": None}
+    assert containers.match_container(None, "pid:[1]", HOST_NS, listed) == {"id": ID_A, "name": "stray"}
+    # The host's namespace, or nothing readable: not in a container.
+    assert containers.match_container(None, HOST_NS, HOST_NS, listed) is None
+    assert containers.match_container(None, None, HOST_NS, listed) is None
+    # Another namespace nobody lists.
+    assert containers.match_container(None, "pid:[9]", HOST_NS, listed) == {"id": None, "name": None}
+
+
+def test_describe():
+    assert containers.describe({"id": ID_A, "name": "stray"}) == "container stray (%s)" % ID_A[:12]
+    assert containers.describe({"id": ID_A, "name": None}) == "container %s" % ID_A[:12]
+    assert containers.describe({"id": None, "name": None}) == "container (another PID namespace, not Podman's)"
+    assert containers.describe(None) == ""
+
+
+def test_survey_names_containers_beside_host_pids_and_stops_only_through_units(tmp_path):
+    nvml = fresh_nvml_api()
+    nvml.configure(devices=[
+        {"uuid": "GPU-a", "memory_used_mib": 40000, "memory_total_mib": 97887, "utilization": 0,
+         "processes": [{"pid": 5001, "used_mib": 30000}, {"pid": 6001, "used_mib": 9000}]},
+        {"uuid": "GPU-b", "memory_used_mib": 100, "memory_total_mib": 97887, "utilization": 0,
+         "processes": [{"pid": 7001, "used_mib": 20000}]},
+    ])
+    proc = tmp_path / "proc"
+    write_proc(proc, 1, ["/sbin/init"], cgroup="0::/init.scope\n")
+    with_namespace(proc, 1, HOST_NS)
+    # A container started by hand (--cgroups=disabled: in the session's cgroup), found by its namespace.
+    write_proc(proc, 5001, ["python3", "serve.py"])
+    with_namespace(proc, 5001, "pid:[4026532001]")
+    write_proc(proc, 5000, ["catatonit", "--", "python3", "serve.py"])
+    with_namespace(proc, 5000, "pid:[4026532001]")
+    # A modelwake unit's container (split: in a sub-cgroup of its unit), found by its cgroup.
+    write_proc(proc, 6001, ["python3", "-m", "sglang.launch_server"],
+               cgroup="0::/system.slice/sglang-other.service/libpod-payload-%s\n" % ID_B)
+    with_namespace(proc, 6001, "pid:[4026532002]")
+    # A plain process on the host.
+    write_proc(proc, 7001, ["python", "ddtree.py"])
+    with_namespace(proc, 7001, HOST_NS)
+    asked = []
+
+    def podman_ps():
+        asked.append(True)
+        return [{"id": ID_A, "name": "stray", "pid": 5000}, {"id": ID_B, "name": "modelwake-sglang-other", "pid": 6000}]
+
+    result = holders.survey(needed=[0, 1], service_unit="sglang-k26", stop_units=["sglang-other"],
+                            reader=GpuReader(nvml=nvml), proc_root=str(proc), list_containers=podman_ps)
+    assert len(asked) == 1  # the runtime asked once
+    by_pid = dict((h["pid"], h) for h in result["holders"])
+    assert by_pid[5001]["container"] == {"id": ID_A, "name": "stray"}
+    assert by_pid[5001]["label"] == "5001 in container stray (%s)" % ID_A[:12]
+    assert by_pid[6001]["container"] == {"id": ID_B, "name": "modelwake-sglang-other"}
+    assert by_pid[7001]["container"] is None and by_pid[7001]["label"] == "7001"
+    # The unit decides: the modelwake unit's container is stopped through its unit, the stray one refused.
+    assert result["stop_units"] == ["sglang-other.service"]
+    assert sorted(h["pid"] for h in result["blocking"]) == [5001, 7001]
+    rows = dict((line.split()[0], line) for line in result["blocking_table"][1:])
+    assert "foreign" in rows["5001"] and "[container stray (%s)] python3 serve.py" % ID_A[:12] in rows["5001"]
+    assert "[container" not in rows["7001"]
+
+
+def test_no_container_no_question_to_the_runtime(tmp_path):
+    nvml = fresh_nvml_api()
+    nvml.configure(devices=[{"uuid": "GPU-a", "memory_used_mib": 100, "memory_total_mib": 97887, "utilization": 0,
+                             "processes": [{"pid": 4242, "used_mib": 50}]}])
+    proc = tmp_path / "proc"
+    write_proc(proc, 4242, ["python"])
+
+    def podman_ps():
+        raise AssertionError("podman asked for a holder in no container")
+
+    result = holders.survey(needed=[0], reader=GpuReader(nvml=nvml), proc_root=str(proc), list_containers=podman_ps)
+    assert result["holders"][0]["container"] is None and result["holders"][0]["label"] == "4242"
