@@ -183,3 +183,20 @@ def test_without_accounting_or_after_a_restart_the_tree_alone_counts():
     restarted.combine(100.0, 5 * MIB, {"CPUUsageNSec": str(300 * 10 ** 9), "IOReadBytes": str(50 * MIB)})
     # The unit started again: its counters begin at 0, the tree's keep their totals.
     assert restarted.combine(101.0, 6 * MIB, {"CPUUsageNSec": str(10 ** 9), "IOReadBytes": "0"}) == (101.0, 6 * MIB)
+
+
+@pytest.mark.parametrize("line", [
+    # The launcher quoting the cause of a stopped crash loop at a manual start: not this start's crash.
+    "modelwake: starting again after a stopped crash loop: 3 failed starts in 41m02s, each "
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    # Its command line names the engine's flags, which are not the engine's run-start line.
+    "modelwake: engine started as pid 685: /opt/venv/bin/python -m sglang.launch_server --model-path /m",
+])
+def test_the_launchers_own_lines_are_never_the_engines(line):
+    for engine in ("sglang", "vllm", "auto"):
+        assert engines.classify_line(engine, line) == ("other", None)
+
+
+def test_the_error_a_launcher_line_quotes_is_fatal_from_the_engine():
+    assert engines.classify_line("sglang", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB") \
+        == ("fatal", None)

@@ -26,7 +26,7 @@ from .reporter import STATUS_EVERY, Reporter
 from .start_record import said_at_start
 from .textfile import prometheus_text, write_textfile
 
-LOG_PREFIX = "modelwake: "
+LOG_PREFIX = engines.LAUNCHER_LINE_PREFIX
 
 
 class StopRequested(Exception):

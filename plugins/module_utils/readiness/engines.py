@@ -149,12 +149,20 @@ def detect_engine(line):
     return None
 
 
+# The notify launcher's own lines in the unit's journal (launcher/supervisor.py). They are news, but
+# never the engine's: they quote its errors ("starting again after a stopped crash loop: ..., each
+# torch.OutOfMemoryError ...") and its command line, which must not count as a new run's crash or marker.
+LAUNCHER_LINE_PREFIX = "modelwake: "
+
+
 def classify_line(engine, line):
     """(kind, phase hint) of one log line: kind is run_start, fatal, heartbeat, probe, marker or other.
 
     With engine 'auto', a line both engines print with different meanings gets the more
     cautious one (`Application startup complete.` is ready for vLLM, only warm-up for SGLang).
     """
+    if line.startswith(LAUNCHER_LINE_PREFIX):
+        return "other", None
     names = engines_for(engine)
     if _any([p for n in names for p in RUN_START[n]], line):
         return "run_start", STARTING
