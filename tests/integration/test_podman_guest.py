@@ -269,14 +269,11 @@ def test_gpu_holders_in_containers_are_named_and_stopped_only_through_a_modelwak
         assert container_id() == kept
     finally:
         # The later tests run without GPUs again.
-        on_guest("systemctl stop sglang-pod-old; podman rm --force --time 0 stray modelwake-sglang-pod-old; "
+        on_guest("systemctl stop sglang-pod-old; podman rm --force --ignore --time 0 stray modelwake-sglang-pod-old; "
                  "rm -rf /usr/local/bin/nvidia-smi /run/modelwake-fake-gpu", check=False)
 
 
 def test_a_hang_in_the_container_is_stalled_with_the_ranks_stacks(guest):
-    # Before the crash test: a start right after its stopped crash loop has the launcher say "starting again
-    # after a stopped crash loop: ..., each torch.OutOfMemoryError ...", which the wait reads as the new run's
-    # fatal line (a readiness issue of its own, reported; not the container's).
     hanging = dict(entry(guest), stall_timeout=15)
     hanging["extra_args"] = FAST + ["--fault", "hang:loading", "--fault-after", "1"]
     cursor = journal_cursor()
