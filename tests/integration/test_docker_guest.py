@@ -12,22 +12,18 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
 
 import pytest
 
-from modelwake_runner.cli import run_playbook
+from tests.helpers.container_guest import FAST, OOM, ContainerGuest, play
 from tests.helpers.docker_guest import install_docker, sim_image
-from tests.helpers.guesthost import PlayOutput, guest_sh, guest_vars, host_tool, verdict_msg
+from tests.helpers.guesthost import verdict_msg
 
-GUEST = "mwd-%d" % (os.getpid() % 100000)
-UNIT = "sglang-dock"
-CONTAINER = "modelwake-" + UNIT
-# A load of a few seconds (64 MiB at 16 MiB/s), so that several looks see it.
-FAST = ["--disable-cuda-graph", "--load-rate-mib", "16", "--start-seconds", "1", "--init-seconds", "2",
-        "--warmup-seconds", "1"]
-OOM = "torch.OutOfMemoryError: CUDA out of memory."
+VM = ContainerGuest("mwd-%d" % (os.getpid() % 100000), "dock", "sglang-dock", "docker", port=30012)
+GUEST, UNIT, CONTAINER = VM.name, VM.unit, VM.container
+on_guest, show, recap = VM.sh, VM.show, VM.recap
+container_id, containers = VM.container_id, VM.containers
 
 pytestmark = [
     pytest.mark.slow,
@@ -36,89 +32,15 @@ pytestmark = [
 ]
 
 
-def on_guest(command, check=True):
-    return guest_sh(GUEST, command, check=check)
-
-
-def show(*properties):
-    out = on_guest("systemctl show %s %s" % (UNIT, " ".join("-p " + name for name in properties)))
-    return dict(line.split("=", 1) for line in out.splitlines())
-
-
-def play(guest, playbook, extra=None):
-    private = tempfile.mkdtemp(prefix="play-", dir=guest["tmp"])
-    objects = []
-    runner, _events = run_playbook(playbook, private, [guest["inventory"]], extra, on_object=objects.append,
-                                   timeout=900)
-    return runner.rc, PlayOutput(runner.stdout.read(), objects)
-
-
-def recap(output):
-    recaps = [o["hosts"] for o in output.objects if o["event"] == "recap"]
-    assert recaps and GUEST in recaps[-1], output[-3000:]
-    return recaps[-1][GUEST]
-
-
-def container_id():
-    return on_guest("docker container inspect --format '{{.Id}}' %s" % CONTAINER)
-
-
-def containers():
-    return on_guest("docker ps --all --format '{{.Names}}'").split()
-
-
 def container_engine():
     """(the container's init's host PID, the engine's: the init's child)."""
     init = on_guest("docker inspect --format '{{.State.Pid}}' %s" % CONTAINER)
     return init, on_guest("pgrep -P %s" % init)
 
 
-def write_inventory(path, variables):
-    with open(path, "w") as handle:
-        json.dump({"all": {"children": {"model_hosts": {"hosts": {GUEST: {"ansible_host": host_tool("addr", GUEST)}}}},
-                           "vars": variables}}, handle)
-
-
 @pytest.fixture(scope="module")
 def guest(tmp_path_factory):
-    tmp = str(tmp_path_factory.mktemp("docker"))
-    timings = {}
-    started = time.monotonic()
-    host_tool("up", GUEST)
-    try:
-        install_docker(GUEST)
-        timings["docker"] = round(time.monotonic() - started, 1)
-        inventory = os.path.join(tmp, "inventory.json")
-        entry = {"engine": "sglang", "engine_package": "modelwake-sim", "engine_version": "0.1.0", "unit": UNIT,
-                 "port": 30012, "model_path": "/srv/models/dock-sim", "tp": 1, "extra_args": FAST,
-                 "ready_timeout": 300, "stall_timeout": 60, "runtime": "docker"}
-        variables = dict(guest_vars(host_tool("key")), **{
-            "modelwake_deploy_model": "dock", "modelwake_host_models": ["dock"], "modelwake_gpus_required": False,
-            "modelwake_demo_model_size_mib": 64, "modelwake_demo_model_shards": 8, "model_service_poll_interval": 1,
-            # Quick restarts: the crash test waits for the launcher to stop its loop (3 starts).
-            "model_service_restart_sec": 2,
-            # In the image: its own Python, the simulator in its site directory.
-            "model_service_container_command": "{{ ['python3', '-m', 'modelwake_sim', 'serve', '--engine', "
-                                               "model_service_engine] }}",
-            "modelwake_models": {"dock": entry}})
-        write_inventory(inventory, variables)
-        guest = {"inventory": inventory, "tmp": tmp, "timings": timings}
-        rc, out = play(guest, "playbooks/demo-model.yml")  # the model on the guest, the simulator's wheels here
-        assert rc == 0, out[-5000:]
-        mark = time.monotonic()
-        archive, image_id = sim_image(GUEST)
-        timings["image"] = round(time.monotonic() - mark, 1)
-        entry.update(image_id=image_id, image_archive=archive)
-        write_inventory(inventory, variables)
-        mark = time.monotonic()
-        rc, out = play(guest, "deploy-k26.yml")
-        timings["first deploy"] = round(time.monotonic() - mark, 1)
-        assert rc == 0, out[-5000:]
-        guest.update(image_id=image_id, deploy=out)
-        yield guest
-    finally:
-        host_tool("down", GUEST, check=False)
-        print("test_docker_guest timings (s): %s, total %.0f" % (timings, time.monotonic() - started))
+    yield from VM.deployed(str(tmp_path_factory.mktemp("docker")), install_docker, sim_image)
 
 
 def test_the_container_runs_outside_the_units_cgroup_and_systemd_waits_for_a_completion(guest):
@@ -134,18 +56,8 @@ def test_the_container_runs_outside_the_units_cgroup_and_systemd_waits_for_a_com
     assert on_guest("grep name=systemd /proc/%s/cgroup" % engine) == on_guest("grep name=systemd /proc/%s/cgroup" % init)
     assert "modelwake-launch" in on_guest("cat /proc/%s/cmdline | tr '\\0' ' '" % main)
     # A start watched from systemd's side: activating, with the launcher's STATUS= through the load, then active.
-    before = show("InvocationID")["InvocationID"]
     old_container = container_id()
-    on_guest("systemctl restart --no-block %s" % UNIT)
-    seen = []
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        state = show("InvocationID", "ActiveState", "SubState", "StatusText")
-        if state["InvocationID"] not in ("", before):
-            seen.append((state["ActiveState"], state["StatusText"]))
-            if state["ActiveState"] != "activating":
-                break
-        time.sleep(0.3)
+    seen = VM.restart_watching()
     said = "\n".join("%s: %s" % pair for pair in seen)
     states = [active for active, _text in seen]
     assert states[-1] == "active" and set(states[:-1]) == {"activating"}, said

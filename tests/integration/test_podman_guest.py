@@ -15,22 +15,19 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
 
 import pytest
 
-from modelwake_runner.cli import run_playbook
-from tests.helpers.guesthost import PlayOutput, guest_sh, guest_vars, host_tool, verdict_msg, verdicts
+from tests.helpers.container_guest import FAST, OOM, ContainerGuest, play
+from tests.helpers.guesthost import host_tool, verdict_msg, verdicts
 from tests.helpers.podman_guest import broken_image, install_podman, sim_image
 
-GUEST = "mwp-%d" % (os.getpid() % 100000)
-UNIT = "sglang-pod"
-CONTAINER = "modelwake-" + UNIT
-# A load of a few seconds (64 MiB at 16 MiB/s), so that several looks see it.
-FAST = ["--disable-cuda-graph", "--load-rate-mib", "16", "--start-seconds", "1", "--init-seconds", "2",
-        "--warmup-seconds", "1"]
-OOM = "torch.OutOfMemoryError: CUDA out of memory."
+VM = ContainerGuest("mwp-%d" % (os.getpid() % 100000), "pod", "sglang-pod", "podman", port=30011)
+GUEST, UNIT, CONTAINER = VM.name, VM.unit, VM.container
+on_guest, show, recap = VM.sh, VM.show, VM.recap
+container_id, containers = VM.container_id, VM.containers
+journal_cursor, journal_since = VM.journal_cursor, VM.journal_since
 
 pytestmark = [
     pytest.mark.slow,
@@ -39,100 +36,17 @@ pytestmark = [
 ]
 
 
-def on_guest(command, check=True):
-    return guest_sh(GUEST, command, check=check)
-
-
-def show(*properties):
-    out = on_guest("systemctl show %s %s" % (UNIT, " ".join("-p " + name for name in properties)))
-    return dict(line.split("=", 1) for line in out.splitlines())
-
-
-def play(guest, playbook, extra=None):
-    private = tempfile.mkdtemp(prefix="play-", dir=guest["tmp"])
-    objects = []
-    runner, _events = run_playbook(playbook, private, [guest["inventory"]], extra, on_object=objects.append,
-                                   timeout=900)
-    return runner.rc, PlayOutput(runner.stdout.read(), objects)
-
-
-def recap(output):
-    recaps = [o["hosts"] for o in output.objects if o["event"] == "recap"]
-    assert recaps and GUEST in recaps[-1], output[-3000:]
-    return recaps[-1][GUEST]
-
-
 def entry(guest):
     """The catalog entry the fixture deployed (the pinned image, the usual arguments)."""
     with open(guest["inventory"]) as handle:
         return dict(json.load(handle)["all"]["vars"]["modelwake_models"]["pod"])
 
 
-def journal_since(cursor):
-    return on_guest("journalctl -u %s -o cat --after-cursor='%s'" % (UNIT, cursor))
-
-
-def journal_cursor():
-    return on_guest("journalctl -u %s -n 1 -o export | sed -n 's/^__CURSOR=//p'" % UNIT)
-
-
-def container_id():
-    return on_guest("podman container inspect --format '{{.Id}}' %s" % CONTAINER)
-
-
-def containers():
-    return on_guest("podman ps --all --format '{{.Names}}'").split()
-
-
 @pytest.fixture(scope="module")
 def guest(tmp_path_factory):
-    tmp = str(tmp_path_factory.mktemp("podman"))
-    timings = {}
-    started = time.monotonic()
-    host_tool("up", GUEST)
-    try:
-        install_podman(GUEST)
-        timings["podman"] = round(time.monotonic() - started, 1)
-        inventory = os.path.join(tmp, "inventory.json")
-        entry = {"engine": "sglang", "engine_package": "modelwake-sim", "engine_version": "0.1.0", "unit": UNIT,
-                 "port": 30011, "model_path": "/srv/models/pod-sim", "tp": 1, "extra_args": FAST,
-                 "ready_timeout": 300, "stall_timeout": 60, "runtime": "podman"}
-        variables = dict(guest_vars(host_tool("key")), **{
-            "modelwake_deploy_model": "pod", "modelwake_host_models": ["pod"], "modelwake_gpus_required": False,
-            "modelwake_demo_model_size_mib": 64, "modelwake_demo_model_shards": 8, "model_service_poll_interval": 1,
-            # Quick restarts: the crash test waits for the launcher to stop its loop (3 starts).
-            "model_service_restart_sec": 2,
-            # In the image: its own Python, the simulator in its site directory.
-            "model_service_container_command": "{{ ['python3', '-m', 'modelwake_sim', 'serve', '--engine', "
-                                               "model_service_engine] }}",
-            # The guests' cgroup v1 controllers are read-only: the unit's own cgroup, no sub-cgroups.
-            "model_service_container_cgroups": "disabled",
-            # No disk-rate measure: on this loaded 2-core machine it moves by more than 2x between runs, and
-            # model_service then rewrites its disk-rate file (changed=2 on a re-run that changes nothing else).
-            "gpu_preflight_read_sample_mib": 0,
-            "modelwake_models": {"pod": entry}})
-        with open(inventory, "w") as handle:
-            json.dump({"all": {"children": {"model_hosts": {"hosts": {GUEST: {"ansible_host": host_tool("addr", GUEST)}}}},
-                               "vars": variables}}, handle)
-        guest = {"inventory": inventory, "tmp": tmp, "timings": timings}
-        rc, out = play(guest, "playbooks/demo-model.yml")  # the model on the guest, the simulator's wheels here
-        assert rc == 0, out[-5000:]
-        mark = time.monotonic()
-        archive, image_id = sim_image(GUEST)
-        timings["image"] = round(time.monotonic() - mark, 1)
-        entry.update(image_id=image_id, image_archive=archive)
-        with open(inventory, "w") as handle:
-            json.dump({"all": {"children": {"model_hosts": {"hosts": {GUEST: {"ansible_host": host_tool("addr", GUEST)}}}},
-                               "vars": variables}}, handle)
-        mark = time.monotonic()
-        rc, out = play(guest, "deploy-k26.yml")
-        timings["first deploy"] = round(time.monotonic() - mark, 1)
-        assert rc == 0, out[-5000:]
-        guest.update(image_id=image_id, deploy=out)
-        yield guest
-    finally:
-        host_tool("down", GUEST, check=False)
-        print("test_podman_guest timings (s): %s, total %.0f" % (timings, time.monotonic() - started))
+    # The guests' cgroup v1 controllers are read-only: the unit's own cgroup, no sub-cgroups.
+    yield from VM.deployed(str(tmp_path_factory.mktemp("podman")), install_podman, sim_image,
+                           {"model_service_container_cgroups": "disabled"})
 
 
 def test_the_container_runs_in_the_units_cgroup_and_systemd_waits_for_a_completion(guest):
@@ -146,18 +60,8 @@ def test_the_container_runs_in_the_units_cgroup_and_systemd_waits_for_a_completi
     assert {main, conmon, engine} <= set(procs), (main, conmon, engine, procs)
     assert "modelwake-launch" in on_guest("cat /proc/%s/cmdline | tr '\\0' ' '" % main)
     # A start watched from systemd's side: activating, with the launcher's STATUS= through the load, then active.
-    before = show("InvocationID")["InvocationID"]
     old_container = container_id()
-    on_guest("systemctl restart --no-block %s" % UNIT)
-    seen = []
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        state = show("InvocationID", "ActiveState", "SubState", "StatusText")
-        if state["InvocationID"] not in ("", before):
-            seen.append((state["ActiveState"], state["StatusText"]))
-            if state["ActiveState"] != "activating":
-                break
-        time.sleep(0.3)
+    seen = VM.restart_watching()
     said = "\n".join("%s: %s" % pair for pair in seen)
     states = [active for active, _text in seen]
     assert states[-1] == "active" and set(states[:-1]) == {"activating"}, said

@@ -1,0 +1,128 @@
+"""What the container runtimes' guest tests share (tests/integration/test_podman_guest.py and
+test_docker_guest.py): one systemd-nspawn guest with the runtime from Debian's packages, the simulated
+engine deployed by deploy-k26.yml in a container of the image built from the test hosts' own root
+filesystem, and the looks both tests take at the unit and its containers."""
+import json
+import os
+import tempfile
+import time
+
+from modelwake_runner.cli import run_playbook
+from tests.helpers.guesthost import PlayOutput, guest_sh, guest_vars, host_tool
+
+# A load of a few seconds (64 MiB at 16 MiB/s), so that several looks see it.
+FAST = ["--disable-cuda-graph", "--load-rate-mib", "16", "--start-seconds", "1", "--init-seconds", "2",
+        "--warmup-seconds", "1"]
+OOM = "torch.OutOfMemoryError: CUDA out of memory."
+
+
+def play(guest, playbook, extra=None):
+    """A playbook of the repository against the deployed guest (the fixture's dict); (rc, PlayOutput)."""
+    private = tempfile.mkdtemp(prefix="play-", dir=guest["tmp"])
+    objects = []
+    runner, _events = run_playbook(playbook, private, [guest["inventory"]], extra, on_object=objects.append,
+                                   timeout=900)
+    return runner.rc, PlayOutput(runner.stdout.read(), objects)
+
+
+class ContainerGuest(object):
+    """The guest `name`, whose catalog entry `model` runs as `unit` under `runtime` (podman or docker)."""
+
+    def __init__(self, name, model, unit, runtime, port):
+        self.name = name
+        self.model = model
+        self.unit = unit
+        self.runtime = runtime
+        self.port = port
+        self.container = "modelwake-" + unit
+
+    def sh(self, command, check=True):
+        return guest_sh(self.name, command, check=check)
+
+    def show(self, *properties):
+        out = self.sh("systemctl show %s %s" % (self.unit, " ".join("-p " + name for name in properties)))
+        return dict(line.split("=", 1) for line in out.splitlines())
+
+    def recap(self, output):
+        """The play recap's counters for the guest."""
+        recaps = [o["hosts"] for o in output.objects if o["event"] == "recap"]
+        assert recaps and self.name in recaps[-1], output[-3000:]
+        return recaps[-1][self.name]
+
+    def restart_watching(self, timeout=180):
+        """Restart the unit without blocking and follow it from systemd's side until the new run is no
+        longer activating: [(ActiveState, StatusText)] of the new run, one per look."""
+        before = self.show("InvocationID")["InvocationID"]
+        self.sh("systemctl restart --no-block %s" % self.unit)
+        seen = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.show("InvocationID", "ActiveState", "SubState", "StatusText")
+            if state["InvocationID"] not in ("", before):
+                seen.append((state["ActiveState"], state["StatusText"]))
+                if state["ActiveState"] != "activating":
+                    break
+            time.sleep(0.3)
+        return seen
+
+    def container_id(self):
+        return self.sh("%s container inspect --format '{{.Id}}' %s" % (self.runtime, self.container))
+
+    def containers(self):
+        """The names of every container on the guest, running or not."""
+        return self.sh("%s ps --all --format '{{.Names}}'" % self.runtime).split()
+
+    def journal_cursor(self):
+        return self.sh("journalctl -u %s -n 1 -o export | sed -n 's/^__CURSOR=//p'" % self.unit)
+
+    def journal_since(self, cursor):
+        return self.sh("journalctl -u %s -o cat --after-cursor='%s'" % (self.unit, cursor))
+
+    def _write_inventory(self, path, variables):
+        with open(path, "w") as handle:
+            json.dump({"all": {"children": {"model_hosts": {"hosts": {self.name: {
+                "ansible_host": host_tool("addr", self.name)}}}}, "vars": variables}}, handle)
+
+    def deployed(self, tmp, install, sim_image, extra_vars=None):
+        """The module fixture's body: the guest up with the runtime (`install(name)`), the model and the
+        simulator's wheels, the image (`sim_image(name)` -> (archive, image ID)), the first deploy; yields
+        {"inventory", "tmp", "timings", "image_id", "deploy"} and destroys the guest afterwards, also when
+        a test fails."""
+        timings = {}
+        started = time.monotonic()
+        host_tool("up", self.name)
+        try:
+            install(self.name)
+            timings[self.runtime] = round(time.monotonic() - started, 1)
+            inventory = os.path.join(tmp, "inventory.json")
+            entry = {"engine": "sglang", "engine_package": "modelwake-sim", "engine_version": "0.1.0",
+                     "unit": self.unit, "port": self.port, "model_path": "/srv/models/%s-sim" % self.model, "tp": 1,
+                     "extra_args": FAST, "ready_timeout": 300, "stall_timeout": 60, "runtime": self.runtime}
+            variables = dict(guest_vars(host_tool("key")), **{
+                "modelwake_deploy_model": self.model, "modelwake_host_models": [self.model],
+                "modelwake_gpus_required": False, "modelwake_demo_model_size_mib": 64,
+                "modelwake_demo_model_shards": 8, "model_service_poll_interval": 1,
+                # Quick restarts: the crash tests wait for the launcher to stop its loop (3 starts).
+                "model_service_restart_sec": 2,
+                # In the image: its own Python, the simulator in its site directory.
+                "model_service_container_command": "{{ ['python3', '-m', 'modelwake_sim', 'serve', '--engine', "
+                                                   "model_service_engine] }}",
+                "modelwake_models": {self.model: entry}}, **(extra_vars or {}))
+            self._write_inventory(inventory, variables)
+            guest = {"inventory": inventory, "tmp": tmp, "timings": timings}
+            rc, out = play(guest, "playbooks/demo-model.yml")  # the model on the guest, the simulator's wheels here
+            assert rc == 0, out[-5000:]
+            mark = time.monotonic()
+            archive, image_id = sim_image(self.name)
+            timings["image"] = round(time.monotonic() - mark, 1)
+            entry.update(image_id=image_id, image_archive=archive)
+            self._write_inventory(inventory, variables)
+            mark = time.monotonic()
+            rc, out = play(guest, "deploy-k26.yml")
+            timings["first deploy"] = round(time.monotonic() - mark, 1)
+            assert rc == 0, out[-5000:]
+            guest.update(image_id=image_id, deploy=out)
+            yield guest
+        finally:
+            host_tool("down", self.name, check=False)
+            print("%s guest timings (s): %s, total %.0f" % (self.runtime, timings, time.monotonic() - started))
