@@ -8,6 +8,7 @@ and no playbook output. Bad input must fail with a message naming the variable a
 """
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -39,6 +40,23 @@ PLAY = """
       ansible.builtin.meta: end_play
 """
 
+# What the restart handler and the start of a unit that is down write before the unit starts.
+START_PLAY = """
+- name: Write what a start reads
+  hosts: all
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Validate and size the start timeout
+      ansible.builtin.include_role:
+        name: model_service
+        tasks_from: preflight.yml
+    - name: Write the measured load figures for the start
+      ansible.builtin.include_role:
+        name: model_service
+        tasks_from: refresh_measures.yml
+"""
+
 EXTRA_VARS = {
     "_model_service_conf_dir": "{{ render_root }}/{{ inventory_hostname }}/etc",
     "_model_service_unit_file": "{{ render_root }}/{{ inventory_hostname }}/unit.service",
@@ -57,15 +75,15 @@ def make_model(path, shards=2, shard_bytes=1024 * 1024):
             handle.write(b"\0" * shard_bytes)
 
 
-def run_play(tmp_path, hosts, groups=None, extra=None):
-    """Run the rendering play over `hosts` ({name: vars}); return (completed process, render root)."""
+def run_play(tmp_path, hosts, groups=None, extra=None, play=PLAY):
+    """Run the rendering play (or `play`) over `hosts` ({name: vars}); return (completed process, render root)."""
     render_root = tmp_path / "out"
     render_root.mkdir()
     inventory = {"all": {"hosts": dict((name, dict(vars_, ansible_python_interpreter=sys.executable))
                                        for name, vars_ in hosts.items()),
                          "children": groups or {}}}
     (tmp_path / "inventory.json").write_text(json.dumps(inventory))
-    (tmp_path / "play.yml").write_text(PLAY)
+    (tmp_path / "play.yml").write_text(play)
     extra_vars = dict(EXTRA_VARS, render_root=str(render_root), **(extra or {}))
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_FORCE_COLOR="0")
@@ -268,45 +286,62 @@ def test_sglang_metrics_can_be_switched_off_and_the_textfile_gets_the_expected_l
     assert not os.path.exists(os.path.join(str(rendered["root"]), "notify", "expected-load.prom"))
 
 
-def test_the_preflights_expected_load_is_written_once_and_refreshed_only_with_a_restart(tmp_path):
-    """The GPU preflight measures the disk cold every run: its figure wanders (2-3x on a virtual disk),
-    and the host must still converge with changed=0. The first figure is written; a later one only
-    when the restart handler refreshes the measures (_model_service_refresh_measures), whose restart
-    is a change anyway: 400 after 1000 is kept, 700 with a restart replaces it."""
+def changed_count(proc):
+    return int(re.search(r"changed=(\d+)", proc.stdout.rsplit("PLAY RECAP", 1)[1]).group(1))
+
+
+def task_status(proc, name):
+    """ok, changed or skipping: what the play said of its task `name`."""
+    # With --diff a changed file's diff comes between the task's line and its status.
+    found = re.search(r"TASK \[model_service : %s\] \*+\n.*?^(ok|changed|skipping): \[" % re.escape(name), proc.stdout,
+                      re.S | re.M)
+    assert found, proc.stdout
+    return found.group(1)
+
+
+def test_a_measured_expected_load_is_written_only_where_the_unit_starts(tmp_path):
+    """The GPU preflight measures the disk cold every run: its figure wanders (2-3x on a virtual disk, none
+    at all when the cache was warm), and a host where nothing changed must still converge with changed=0.
+    So the measured figure is written only where the unit starts (the restart handler, the start of a unit
+    that is down), riding on that start's change; the operator's own figure is configuration, written when
+    it differs and reported as a change."""
     make_model(str(tmp_path / "model"))
     shared = str(tmp_path / "sglang-k26-expected-load.prom")
-    written = []
-    for run, (measured, restart) in enumerate(((1000, False), (400, False), (700, True))):
+    written, said = [], []
+    runs = ((1000, None, PLAY), (1000, None, START_PLAY), (400, None, PLAY), (700, None, START_PLAY), (700, 900, PLAY))
+    for run, (measured, operators, play) in enumerate(runs):
         host = {"model_service_engine": "sglang", "model_service_model_path": str(tmp_path / "model"),
                 "model_service_launcher_textfile": "/var/lib/node_exporter/textfile/sglang-k26.prom",
                 "gpu_preflight_expected_load_seconds": measured}
+        if operators:
+            host["model_service_expected_load_seconds"] = operators
         (tmp_path / str(run)).mkdir()
-        extra = {"_model_service_expected_load_file": shared, "_model_service_refresh_measures": restart}
-        proc, _root = run_play(tmp_path / str(run), {"host": host}, extra=extra)
+        proc, _root = run_play(tmp_path / str(run), {"host": host}, extra={"_model_service_expected_load_file": shared},
+                               play=play)
         assert proc.returncode == 0, proc.stdout
-        with open(shared) as handle:
-            written.append(handle.read().splitlines()[-1])
-    assert written == ['modelwake_load_expected_seconds{name="sglang-k26.service"} %d' % n
-                       for n in (1000, 1000, 700)]
+        written.append(open(shared).read().splitlines()[-1].rsplit(" ", 1)[1] if os.path.exists(shared) else None)
+        said.append(task_status(proc, "Write the expected load time beside the textfile"))
+    assert written == [None, "1000", "1000", "700", "900"]
+    assert said == ["skipping", "ok", "skipping", "ok", "changed"]
 
 
-def test_the_disk_rate_for_the_launcher_is_written_once_and_refreshed_only_with_a_restart(tmp_path):
-    """The launcher's slow-load line reads the preflight's cold disk rate from the unit's state
-    directory, never from the unit: written when absent, replaced only by the restart handler, and
-    left alone by a preflight that could not measure it cold (0)."""
+def test_the_disk_rate_for_the_launcher_is_written_only_where_the_unit_starts(tmp_path):
+    """The launcher's slow-load line reads the preflight's cold disk rate from the unit's state directory,
+    never from the unit: written for a start (riding on its change: the run's changed count does not move),
+    and left as it was by a preflight that could not measure the disk cold (0)."""
     make_model(str(tmp_path / "model"))
     state = tmp_path / "state"
     written = []
-    for run, (rate, restart) in enumerate(((900000000, False), (2700000000, False), (0, True),
-                                           (1800000000, True))):
+    for run, rate in enumerate((900000000, 0, 1800000000)):
         host = {"model_service_engine": "sglang", "model_service_model_path": str(tmp_path / "model"),
                 "gpu_preflight_disk_rate": rate, "model_service_user": "root", "model_service_group": "root"}
         (tmp_path / str(run)).mkdir()
-        extra = {"_model_service_state_dir": str(state), "_model_service_refresh_measures": restart}
-        proc, _root = run_play(tmp_path / str(run), {"host": host}, extra=extra)
+        proc, _root = run_play(tmp_path / str(run), {"host": host}, extra={"_model_service_state_dir": str(state)},
+                               play=START_PLAY)
         assert proc.returncode == 0, proc.stdout
+        assert changed_count(proc) == 0, proc.stdout
         written.append((state / "disk-rate").read_text().strip())
-    assert written == ["900000000", "900000000", "900000000", "1800000000"]
+    assert written == ["900000000", "900000000", "1800000000"]
 
 
 def test_a_stop_gives_the_requests_in_flight_their_drain_before_the_kill(rendered):
