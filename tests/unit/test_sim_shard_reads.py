@@ -2,8 +2,8 @@
 processes (one each, at once, as the engine starts them) and each reports its own /proc/self/io.
 
 slice (the default): each rank reads its 1/tp of every shard after dropping it from the page cache
-(DONTNEED: a prefetch's pages are dropped too, except those the kernel still holds in its per-CPU
-batches of just-added pages, so how much of a prefetch is undone varies). every-rank: each rank reads every shard whole through the page
+(DONTNEED; pages a prefetch read moments before were seen to survive it in part here, so how much
+of a prefetch it undoes varies). every-rank: each rank reads every shard whole through the page
 cache, as a real engine's TP ranks do: the ranks share the cache and a prefetch's pages are used.
 --read-mode mmap faults the pages in through a mapping instead of pread.
 """
