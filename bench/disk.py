@@ -10,7 +10,13 @@ run (`sync; echo 3 > /proc/sys/vm/drop_caches`, checked with mincore), and measu
 - the real vLLM CPU server: default loader, prefetch (host/prefetch.prefetch, 4 readers) then
   the default loader, and `--safetensors-load-strategy eager`; time to the first completion
   answered, and the load phase from vLLM's own `Loading weights took X seconds`;
-- the simulated TP-8 engine (engines/sim, vLLM mode) the same ways where they apply.
+- the simulated TP-8 engine (engines/sim, vLLM mode, `--shard-reads every-rank`: each of its 8
+  ranks reads every shard whole through the shared page cache, as the real engines' TP ranks do)
+  the same three ways: its reads through mmap (`--read-mode mmap`, the default loader's way),
+  prefetch then those, and `pread` of every shard (`--read-mode pread`, its eager equivalent).
+
+`bench/run.py --only disk --disk-engines sim` measures the simulator's rows alone (a minute or
+two, without the real vLLM's quarter of an hour).
 
 The pure parts (the model's planned size, the log parsing, the ratios and the goal) are tested in
 tests/unit/test_bench_disk.py; the measurement itself runs only in `make bench`.
@@ -37,6 +43,7 @@ MAX_SHARD = "1000MB"  # transformers' max_shard_size: ~1 GB shards, as the check
 MARKER = ".modelwake-bench-model"
 # The ways to load, in the order the step runs them.
 METHODS = ("default", "prefetch", "eager")
+ENGINES = ("vllm", "sim")
 PREFETCH_READERS = 4
 DISK_READERS = 4
 GOAL_SHARE = 0.8  # the issue's goal: the load phase at 80 % or more of the disk's measured rate
@@ -226,12 +233,24 @@ def run_vllm(model, files, method, log_path, deadline=900):
     return record
 
 
+# Every rank reads every shard whole through the page cache (a real TP engine's loading), unpaced:
+# the disk and the page cache set the rate.
 SIM_ARGS = ["--tp", "8", "--fake-gpus", "--fake-gpu-count", "8", "--disable-cuda-graph", "--start-seconds", "0.5",
-            "--init-seconds", "0.5", "--warmup-seconds", "0.5", "--load-rate-mib", "1000000"]
+            "--init-seconds", "0.5", "--warmup-seconds", "0.5", "--load-rate-mib", "1000000",
+            "--shard-reads", "every-rank"]
+# The simulator's counterparts of vLLM's ways: its default loader faults the shards in through
+# mmap; its eager strategy reads each file whole with read(2).
+SIM_METHOD_ARGS = {"default": ["--read-mode", "mmap"], "prefetch": ["--read-mode", "mmap"],
+                   "eager": ["--read-mode", "pread"]}
+
+
+def sim_args(method):
+    return SIM_ARGS + SIM_METHOD_ARGS[method]
 
 
 def run_sim(model, files, method, log_path, work, deadline=600):
-    """One cold start of the simulated TP-8 engine (vLLM mode, unpaced reads) on the same files."""
+    """One cold start of the simulated TP-8 engine (vLLM mode, unpaced, every rank reading every
+    shard) on the same files."""
     from bench import simrun
     record = {"method": method, "resident_after_drop": drop_caches(files)}
     began = time.time()
@@ -242,7 +261,8 @@ def run_sim(model, files, method, log_path, work, deadline=600):
     os.makedirs(gpu_dir, exist_ok=True)
     if os.path.exists(log_path):
         os.remove(log_path)
-    sim = simrun.SimRun("vllm", model, log_path, SIM_ARGS, env={"MODELWAKE_FAKE_GPU_DIR": gpu_dir}).start()
+    record["command"] = " ".join(sim_args(method))
+    sim = simrun.SimRun("vllm", model, log_path, sim_args(method), env={"MODELWAKE_FAKE_GPU_DIR": gpu_dir}).start()
     try:
         ready_at = sim.wait_for("Application startup complete.", deadline)
     finally:
@@ -257,11 +277,13 @@ def run_sim(model, files, method, log_path, work, deadline=600):
     return record
 
 
-def measure(work, runs=3, progress=print):
-    """The whole step: {model, disk, vllm, sim} (bench/report.py renders it)."""
+def measure(work, runs=3, progress=print, engines=ENGINES):
+    """The whole step: {model, disk, vllm, sim} (bench/report.py renders it). `engines`: which
+    engines' rows to measure (the others' lists stay empty)."""
     from tools import vllm_cpu
     base = os.path.join(work, "disk")
     os.makedirs(base, exist_ok=True)
+    # The venv generates the model (cached once made) and runs the real vLLM.
     if not os.path.exists(vllm_cpu.venv_python()):
         return {"status": "not measured", "why": "no real vLLM CPU venv in the cache: run "
                 "python3 tools/vllm_cpu.py ensure-venv"}
@@ -274,14 +296,15 @@ def measure(work, runs=3, progress=print):
     result = {"status": "measured", "model": {"path": model, "bytes": model_bytes, "shards": [s for _p, s in files],
                                               "arch": ARCH, "generated_s": round(time.monotonic() - started, 1)},
               "runs": runs, "goal_share": GOAL_SHARE, "prefetch_readers": PREFETCH_READERS,
-              "mem_available_bytes": storage.read_meminfo().get("MemAvailable")}
+              "mem_available_bytes": storage.read_meminfo().get("MemAvailable"), "engines": list(engines)}
     progress("bench: disk: the disk's cold rate on %d shards" % len(files))
     result["disk"] = measure_disk(files)
     result["vllm"], result["sim"] = [], []
     for engine, run in (("vllm", run_vllm), ("sim", run_sim)):
-        methods = METHODS if engine == "vllm" else ("default", "prefetch")  # the sim has no eager read mode
+        if engine not in engines:
+            continue
         for number in range(1, runs + 1):
-            for method in methods:  # interleaved: a slow minute of the shared machine hits every method
+            for method in METHODS:  # interleaved: a slow minute of the shared machine hits every method
                 progress("bench: disk: %s %s run %d" % (engine, method, number))
                 log_path = os.path.join(base, "%s-%s-%d.log" % (engine, method, number))
                 args = (model, files, method, log_path) + ((base,) if engine == "sim" else ())

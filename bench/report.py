@@ -439,8 +439,10 @@ def _stacks_section(measured):
 ENGINE_WORDS = {"vllm": "real vLLM CPU", "sim": "simulated TP 8"}
 METHOD_WORDS = {"default": "default loader (mmap)", "prefetch": "prefetch, then the default loader",
                 "eager": "`--safetensors-load-strategy eager`"}
-# The simulator has one way to read (pread of each rank's slice), so "default" means that.
-SIM_METHOD_WORDS = {"default": "its reads (pread, each rank its slice)", "prefetch": "prefetch, then its reads"}
+# The simulator's ways (every rank reads every shard): through mmap as the default loader, or pread
+# of each file as the eager strategy's read.
+SIM_METHOD_WORDS = {"default": "its reads through mmap", "prefetch": "prefetch, then its reads through mmap",
+                    "eager": "its reads with `pread` (eager)"}
 
 
 def _method_words(engine, method):
@@ -503,6 +505,10 @@ def _disk_section(measured):
                  % (sum(1 for r in reads if not r.get("cold")), len(reads)),
                  parallel[0]["readers"] if parallel
                  else 0, ", ".join(_rate(r["rate"]) for r in parallel), _rate(disk["rate"]), measured["runs"]), ""]
+    engines = measured.get("engines") or ["vllm", "sim"]
+    if len(engines) < 2:
+        lines += ["This run measured the %s only (`bench/run.py --only disk --disk-engines %s`)."
+                  % (ENGINE_WORDS[engines[0]], engines[0]), ""]
     for engine in ("vllm", "sim"):
         rows = measured["summary"].get(engine) or []
         if not rows:
@@ -514,11 +520,13 @@ def _disk_section(measured):
                       "X seconds`. Median (each run):", ""]
         else:
             lines += ["The simulated engine (engines/sim, vLLM mode, `%s`) on the same files: time to its ready line, "
-                      "and its `Loading weights took`. Its 8 ranks each read their own eighth of every shard with "
-                      "`pread` (read(2), not mmap: it has no separate eager mode) after dropping that range from the "
-                      "page cache (`posix_fadvise DONTNEED`): a prefetch before it is undone, and it is not a "
-                      "model of ranks that each read every shard. Its 8 readers against the disk measurement's 4, "
-                      "and no tensors to build, put it at or above the measured rate." % " ".join(SIM_WORDS), ""]
+                      "and its `Loading weights took` (its slowest rank's). Each of its 8 ranks reads every shard "
+                      "whole through the page cache and drops nothing, as each rank process of a real TP engine "
+                      "reads the whole model: the ranks share the cache, the first to reach a page reads it from "
+                      "the disk, and a prefetch's pages are used. Its ways: the pages faulted in through mmap "
+                      "(`--read-mode mmap`, as the default loader), a prefetch first, and `pread` of every shard "
+                      "(`--read-mode pread`, its eager equivalent). It builds no tensors: what it costs beyond "
+                      "the disk is the 8 copies of every byte out of the page cache." % " ".join(SIM_WORDS), ""]
         lines += ["| way | time to ready s | with the prefetch s | load phase s | load rate | share of the disk | "
                   "goal (>= %d %%) |" % round(100 * measured["goal_share"]), "|---|---|---|---|---|---|---|"]
         for row in rows:
@@ -572,7 +580,7 @@ def _warm_ceiling(rows, model_bytes):
                ", ".join(slower) or "–"), ""]
 
 
-SIM_WORDS = ("--tp 8", "--load-rate-mib 1000000 (unpaced)")
+SIM_WORDS = ("--tp 8", "--shard-reads every-rank", "--load-rate-mib 1000000 (unpaced)")
 
 
 def write(results, out):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`make bench`: measure modelwake's claims side by side with the waits people use today.
 
-    .venv/bin/python -m bench.run [--out bench/out] [--only STEP,...] [--report-only]
+    .venv/bin/python -m bench.run [--out bench/out] [--only STEP,...] [--disk-engines vllm,sim] [--report-only]
 
 (from the repository root: the bench imports the collection, the tests' helpers and the tools by name).
 
@@ -737,7 +737,13 @@ def main(argv=None):
                         help="measure nothing: write report.md and its pictures again from results.json")
     parser.add_argument("--scenarios", default="",
                         help="only these engine-scenario pairs, e.g. vllm-normal,sglang-hang-loading (default: all)")
+    parser.add_argument("--disk-engines", default=",".join(disk.ENGINES),
+                        help="the disk step's engines: vllm (the real vLLM CPU, ~15 minutes), sim (the simulated "
+                             "TP 8, a minute or two); default: both")
     args = parser.parse_args(argv)
+    disk_engines = tuple(args.disk_engines.split(","))
+    if not disk_engines or set(disk_engines) - set(disk.ENGINES):
+        parser.error("--disk-engines: choose from %s (got %r)" % (", ".join(disk.ENGINES), args.disk_engines))
     args.out = os.path.abspath(args.out)  # the module resolves paths on the host, from elsewhere
     if args.report_only:
         with open(os.path.join(args.out, "results.json")) as handle:
@@ -788,7 +794,7 @@ def main(argv=None):
                                 ("fanout", "fan-out over 1, 2 and 4 test hosts", lambda: measure_fanout(work)),
                                 ("realvllm", "the module watching a real vLLM CPU start", lambda: measure_real_vllm(work)),
                                 ("disk", "loading from this disk: default loader, prefetch, eager (real vLLM CPU, simulated TP 8)",
-                                 lambda: disk.measure(work))):
+                                 lambda: disk.measure(work, engines=disk_engines))):
         if step in steps:
             print("bench: %s" % what, flush=True)
             results[step] = measure()

@@ -124,7 +124,8 @@ def _measured():
              for n in (1, 2, 3)]
     runs += [_run("eager", 20.0, 85.0, run=1, resident_after_drop=0),
              dict(_run("eager", None, 0.0, run=2), ready_s=None, why="no completion answered (exit 1): see x.log")]
-    sim = [_run("default", 1.2, 3.0, run=1), _run("prefetch", 1.3, 3.1, run=1, prefetch_s=1.9, prefetch_rate=1.6 * GB)]
+    sim = [_run("default", 1.2, 3.0, run=1), _run("prefetch", 1.3, 3.1, run=1, prefetch_s=1.9, prefetch_rate=1.6 * GB),
+           _run("eager", 2.5, 4.0, run=1)]
     disk_rate = 2.0 * GB
     reads = [{"readers": 4, "rate": rate, "cold": True} for rate in (1.9 * GB, 2.0 * GB, 2.2 * GB)]
     return {"status": "measured", "runs": 3, "goal_share": 0.8, "prefetch_readers": 4,
@@ -151,7 +152,22 @@ def test_the_disk_section_gives_each_way_its_times_rate_share_and_goal():
     # The prefetch rows are the warm ceiling: 3 GB in 10 s; the cold ways against it.
     assert "vLLM's load phase still took 10.00 s, 286.1 MiB/s, 15 % of the disk's rate" in text
     assert "Cold, the load phase took longer by: default loader 2.1×, `--safetensors-load-strategy eager` 2.0×." in text
-    assert "it has no separate eager mode" in text
+    # The simulator's rows: every rank reads every shard through the page cache, three ways.
+    assert "`--tp 8 --shard-reads every-rank --load-rate-mib 1000000 (unpaced)`" in text
+    assert "Each of its 8 ranks reads every shard whole through the page cache and drops nothing" in text
+    assert "| its reads through mmap | 3.0 (3.0) | – | 1.20 (1.20) | 2.3 GiB/s | 125 % (125 %) | met (1 of 1 runs) |" in text
+    assert "| prefetch, then its reads through mmap | 3.1 (3.1) | 5.0 (5.0) | 1.30 (1.30) |" in text
+    assert "| its reads with `pread` (eager) | 4.0 (4.0) | – | 2.50 (2.50) | 1.1 GiB/s | 60 % (60 %) |" in text
+    assert "eighth" not in text and "undone" not in text
+    assert "This run measured" not in text  # both engines
+
+
+def test_a_run_of_the_simulator_alone_says_so_and_has_no_vllm_table():
+    measured = _measured()
+    measured.update(engines=["sim"], vllm=[], summary=dict(measured["summary"], vllm=[]))
+    text = "\n".join(report._disk_section(measured))
+    assert "This run measured the simulated TP 8 only (`bench/run.py --only disk --disk-engines sim`)." in text
+    assert "The real vLLM CPU server" not in text and "| its reads through mmap |" in text
 
 
 def test_a_disk_read_that_was_not_cold_is_said():
@@ -167,8 +183,9 @@ def test_the_goal_rows_per_engine_and_way():
     assert [(label.split(": ", 1)[1], met) for label, met, _ in rows] == [
         ("real vLLM CPU, default loader (mmap)", False), ("real vLLM CPU, prefetch, then the default loader", False),
         ("real vLLM CPU, `--safetensors-load-strategy eager`", False),
-        ("simulated TP 8, its reads (pread, each rank its slice)", True),
-        ("simulated TP 8, prefetch, then its reads", True)]
+        ("simulated TP 8, its reads through mmap", True),
+        ("simulated TP 8, prefetch, then its reads through mmap", True),
+        ("simulated TP 8, its reads with `pread` (eager)", False)]
     assert rows[3][2] == "125 % of the disk (median), 1 of 1 runs at the goal"
     assert report._disk_targets({"status": "not measured", "why": "no venv"}) == []
 
@@ -177,3 +194,48 @@ def test_a_disk_step_not_measured_says_why():
     assert report._disk_section({"status": "not measured", "why": "dropping the page cache needs root"}) == [
         "## Loading from this disk", "", "Not measured: dropping the page cache needs root", ""]
     assert report._disk_section(None) == []
+
+
+def test_the_simulator_runs_every_rank_reading_every_shard_each_way_with_its_read_mode():
+    from modelwake_sim import __main__ as sim_cli  # engines/sim: on sys.path by pytest.ini
+    for method, mode in (("default", "mmap"), ("prefetch", "mmap"), ("eager", "pread")):
+        opts = sim_cli.build_parser().parse_args(["serve", "--engine", "vllm", "--model-path", "/m"]
+                                                 + disk.sim_args(method))
+        assert (opts.tp, opts.shard_reads, opts.read_mode) == (8, "every-rank", mode)
+        assert opts.load_rate_mib == 1000000
+
+
+def test_the_step_measures_only_the_engines_asked_for(tmp_path, monkeypatch):
+    """disk.measure with engines=("sim",): the simulator's three ways, interleaved over the runs,
+    and no real vLLM start (the measurement's own pieces replaced: they need root and minutes)."""
+    from tools import vllm_cpu
+    model = tmp_path / "model"
+    model.mkdir()
+    _safetensors(str(model / "model-00001-of-00001.safetensors"), 4096)
+    started = []
+
+    def run_sim(model_dir, files, method, log_path, work):
+        started.append(("sim", method))
+        return {"method": method, "weights_s": 1.0, "ready_s": 2.0, "ready_with_prefetch_s": 2.0}
+
+    def run_vllm(*args):
+        raise AssertionError("the real vLLM was started")
+
+    monkeypatch.setattr(vllm_cpu, "venv_python", lambda: str(model / "model-00001-of-00001.safetensors"))
+    monkeypatch.setattr(disk.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(disk, "make_model", lambda: str(model))
+    monkeypatch.setattr(disk, "measure_disk", lambda files, rounds=3: {"reads": [], "rate": 2.0 * GB})
+    monkeypatch.setattr(disk, "run_sim", run_sim)
+    monkeypatch.setattr(disk, "run_vllm", run_vllm)
+    result = disk.measure(str(tmp_path / "work"), runs=2, progress=lambda line: None, engines=("sim",))
+    assert started == [("sim", m) for m in ("default", "prefetch", "eager")] * 2
+    assert result["engines"] == ["sim"] and result["vllm"] == [] and result["summary"]["vllm"] == []
+    assert [row["method"] for row in result["summary"]["sim"]] == ["default", "prefetch", "eager"]
+    assert [r["run"] for r in result["sim"]] == [1, 1, 1, 2, 2, 2]
+
+
+def test_the_bench_refuses_an_unknown_disk_engine(capsys):
+    from bench import run
+    with pytest.raises(SystemExit):
+        run.main(["--only", "disk", "--disk-engines", "sim,sglang"])
+    assert "--disk-engines: choose from vllm, sim (got 'sim,sglang')" in capsys.readouterr().err

@@ -3,7 +3,7 @@ import argparse
 import os
 import sys
 
-from . import __version__, faults, hub, model, nodes, work
+from . import __version__, faults, hub, model, nodes, ranks, work
 
 # Defaults scaled from the K2.6 start (548 GB at ~575 MiB/s = ~16 min of reading, then ~10 min of
 # silent JIT, then a short warm-up) down to ~75 s for the default 2 GiB model.
@@ -73,6 +73,17 @@ def build_parser():
     serve.add_argument("--load-rate-mib", type=_positive(float), default=DEFAULT_LOAD_RATE_MIB,
                        help="aggregate disk read rate while loading, MiB/s, shared by the ranks (default %g)"
                             % DEFAULT_LOAD_RATE_MIB)
+    serve.add_argument("--shard-reads", choices=ranks.SHARD_READS, default=ranks.SLICE,
+                       help="slice: each rank reads its 1/tp of every shard with pread at load-rate/tp, after "
+                            "dropping that range from the page cache, so every read reaches the disk (default); "
+                            "every-rank: each rank reads every shard whole at --load-rate-mib, through the page "
+                            "cache and dropping nothing, as a real engine's TP ranks do: they share the cache "
+                            "and a prefetch's pages are used (the load takes model/load-rate either way)")
+    serve.add_argument("--read-mode", choices=ranks.READ_MODES, default=ranks.PREAD,
+                       help="pread: the ranks read the shards with pread(2) into a buffer, as an eager loader "
+                            "does (default); mmap: they map each shard and copy from the mapping, so its pages "
+                            "fault in as with the engines' default safetensors loader (read_bytes grows, rchar "
+                            "does not)")
     serve.add_argument("--start-seconds", type=_positive(float), default=DEFAULT_START_SECONDS,
                        help="imports and distributed init before loading (default %g)" % DEFAULT_START_SECONDS)
     serve.add_argument("--init-seconds", type=_positive(float), default=DEFAULT_INIT_SECONDS,

@@ -1,8 +1,10 @@
 """The work of a rank process (an SGLang scheduler or a vLLM worker): load, initialise, serve.
 
 A rank reads its slice of every shard for real (page cache dropped first, so /proc/<pid>/io
-read_bytes grows), burns CPU silently while "compiling", and then paces generation requests that
-the API process sends it, batching them like a real engine so throughput grows with concurrency.
+read_bytes grows; or with --shard-reads every-rank every shard whole, through the shared page
+cache, as the real engines' TP ranks do), burns CPU silently while "compiling", and then paces
+generation requests that the API process sends it, batching them like a real engine so throughput
+grows with concurrency.
 """
 import ctypes
 import hashlib
@@ -35,6 +37,16 @@ STREAMER_FRAMES = [
     ("/opt/modelwake/venv/lib/python3.11/site-packages/runai_model_streamer/file_streamer/file_streamer.py",
      160, "get_chunks", "raise StreamerError(")]
 WEIGHTS_SHARE = 0.8
+# --shard-reads: each rank its 1/tp of every shard, page cache dropped first (the default), or
+# every rank every shard whole through the shared page cache (the real engines' TP loading).
+SLICE = "slice"
+EVERY_RANK = "every-rank"
+SHARD_READS = (SLICE, EVERY_RANK)
+# --read-mode: pread(2) into a buffer (the default; an eager loader's read), or mmap (the pages
+# faulted in through a mapping, as the engines' default safetensors loader does).
+PREAD = "pread"
+MMAP = "mmap"
+READ_MODES = (PREAD, MMAP)
 
 
 class RankCrash(Exception):
@@ -290,10 +302,16 @@ class Rank:
 
     # --- loading ------------------------------------------------------------------------------
     def load_weights(self, shards, desc, show_bar):
-        """Read this rank's slice of every shard at load_rate/tp, checking each header first."""
+        """Read the weights, checking each shard's header first. --shard-reads slice (the default):
+        this rank's 1/tp of every shard at load_rate/tp, its range dropped from the page cache first
+        so the read reaches the disk. every-rank: every shard whole at load_rate, nothing dropped,
+        as each rank process of a real TP engine reads the whole model: the ranks share the page
+        cache, the first to reach a page reads it from the disk and a prefetch's pages are kept.
+        Either way the load takes model/load_rate when the pace is the limit."""
         opts = self.opts
+        every_rank = opts.shard_reads == EVERY_RANK
         started = time.monotonic()
-        rate = max(1.0, opts.load_rate_mib * MIB / opts.tp)
+        rate = max(1.0, opts.load_rate_mib * MIB / (1 if every_rank else opts.tp))
         done_bytes = 0
         target = opts.gpu_memory_mib * WEIGHTS_SHARE
         buf = bytearray(CHUNK)
@@ -308,16 +326,26 @@ class Rank:
                     size = os.fstat(fileobj.fileno()).st_size
                     header, data_start = safetensors.read_header(fileobj, size)
                     length = size - data_start
-                    lo = data_start + length * self.rank // opts.tp
-                    hi = data_start + length * (self.rank + 1) // opts.tp
                     fd = fileobj.fileno()
-                    # Drop this slice from the page cache so the read reaches the disk and
-                    # read_bytes grows, as with a cold 548 GB model.
-                    os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
+                    if every_rank:
+                        lo, hi = data_start, size
+                    else:
+                        lo = data_start + length * self.rank // opts.tp
+                        hi = data_start + length * (self.rank + 1) // opts.tp
+                        # Drop this slice from the page cache so the read reaches the disk and
+                        # read_bytes grows, as with a cold 548 GB model.
+                        os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
+                    # --read-mode mmap: the pages fault in through a mapping, as the engines'
+                    # default safetensors loader does (read_bytes grows, rchar does not).
+                    mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if opts.read_mode == MMAP else None
                     offset = lo
                     while offset < hi:
                         want = min(CHUNK, hi - offset)
-                        got = os.preadv(fd, [memoryview(buf)[:want]], offset)
+                        if mapped is None:
+                            got = os.preadv(fd, [memoryview(buf)[:want]], offset)
+                        else:
+                            buf[:want] = mapped[offset:offset + want]
+                            got = want
                         if got <= 0:
                             break
                         offset += got
@@ -331,6 +359,8 @@ class Rank:
                         self.check_fault("loading", started)
                         if self.parent_gone():
                             os._exit(1)
+                    if mapped is not None:
+                        mapped.close()
             except safetensors.SafetensorError as exc:
                 site = "/opt/modelwake/venv/lib/python3.11/site-packages/"
                 loader = "vllm/model_executor" if self.log.engine == logs.VLLM else "sglang/srt"
