@@ -75,7 +75,7 @@ def make_model(path, shards=2, shard_bytes=1024 * 1024):
             handle.write(b"\0" * shard_bytes)
 
 
-def run_play(tmp_path, hosts, groups=None, extra=None, play=PLAY):
+def run_play(tmp_path, hosts, groups=None, extra=None, play=None):
     """Run the rendering play (or `play`) over `hosts` ({name: vars}); return (completed process, render root)."""
     render_root = tmp_path / "out"
     render_root.mkdir()
@@ -83,7 +83,7 @@ def run_play(tmp_path, hosts, groups=None, extra=None, play=PLAY):
                                        for name, vars_ in hosts.items()),
                          "children": groups or {}}}
     (tmp_path / "inventory.json").write_text(json.dumps(inventory))
-    (tmp_path / "play.yml").write_text(play)
+    (tmp_path / "play.yml").write_text(play or PLAY)  # PLAY read now: a test may have patched it
     extra_vars = dict(EXTRA_VARS, render_root=str(render_root), **(extra or {}))
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_FORCE_COLOR="0")
