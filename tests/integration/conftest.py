@@ -26,7 +26,10 @@ FIRST = [
     "test_sim_sglang_deploy.py",                 # ~8 min
     "test_molecule_scenarios.py::TestNotify",    # ~7 min
     "test_two_node.py",                          # ~7 min: two guests
+    "test_podman_guest.py",                      # ~7 min: Podman installed, an image loaded, 7 deploys
     "test_inference_env_real.py",                # ~5 min: the real torch venv
+    "test_history_guest.py",                     # ~5 min: seven starts and a real hang
+    "test_docker_guest.py",                      # ~4 min: Docker installed, an image loaded
     "test_module_sim.py",                        # ~3 min
     "test_live_progress.py",
     "test_stacks_sim.py",                        # busy: ranks spinning in native calls
