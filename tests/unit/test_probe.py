@@ -80,6 +80,15 @@ def test_pid_mode_refuses_a_pid_that_is_gone():
         HostProbe(config(pid=proc.pid))
 
 
+@pytest.fixture
+def idle_process():
+    """A real process that waits on its stdin: a unit's MainPID for the scripted systemd."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    yield proc
+    proc.stdin.close()
+    proc.wait()
+
+
 class SystemdScript(object):
     """Scripted systemctl/journalctl answers; the unit's MainPID is a real process."""
 
@@ -102,37 +111,29 @@ class SystemdScript(object):
         return 127, "", "not scripted"
 
 
-def test_unit_mode_snapshot_uses_systemd_and_the_journal(fake_nvml):
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-    try:
-        runner = SystemdScript(proc.pid)
-        cfg = config(unit="sglang-k26.service", url="http://127.0.0.1:%d" % closed_port())
-        snap = HostProbe(cfg, runner=runner, nvml=fake_nvml).snapshot(0.0)
-        assert snap.unit["MainPID"] == proc.pid and snap.unit["ActiveState"] == "active"
-        # The cgroup is not there (no systemd here): the MainPID's tree stands in.
-        assert snap.process["pids"] == [proc.pid] and snap.process["alive"] is True
-        assert snap.log_lines == ["Init torch distributed begin."] and snap.log_context == []
-        assert snap.http["health"]["kind"] == "refused"
-    finally:
-        proc.stdin.close()
-        proc.wait()
+def test_unit_mode_snapshot_uses_systemd_and_the_journal(idle_process, fake_nvml):
+    proc = idle_process
+    runner = SystemdScript(proc.pid)
+    cfg = config(unit="sglang-k26.service", url="http://127.0.0.1:%d" % closed_port())
+    snap = HostProbe(cfg, runner=runner, nvml=fake_nvml).snapshot(0.0)
+    assert snap.unit["MainPID"] == proc.pid and snap.unit["ActiveState"] == "active"
+    # The cgroup is not there (no systemd here): the MainPID's tree stands in.
+    assert snap.process["pids"] == [proc.pid] and snap.process["alive"] is True
+    assert snap.log_lines == ["Init torch distributed begin."] and snap.log_context == []
+    assert snap.http["health"]["kind"] == "refused"
 
 
-def test_unit_mode_counts_what_the_cgroup_saw_beyond_the_tree(fake_nvml):
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-    try:
-        # HostProbe's own check of the unit, then two looks: the cgroup did 3 s of CPU and read 64 MiB
-        # between them, the idle tree nothing.
-        runner = SystemdScript(proc.pid, accounting=[(0, 0), (10 ** 9, 0), (4 * 10 ** 9, 64 * 2 ** 20)])
-        probe = HostProbe(config(unit="sglang-k26.service", url="http://127.0.0.1:%d" % closed_port()),
-                          runner=runner, nvml=fake_nvml)
-        first = probe.snapshot(0.0).process
-        second = probe.snapshot(5.0).process
-        assert round(second["cpu_seconds"] - first["cpu_seconds"], 1) == 3.0
-        assert second["read_bytes"] - (first["read_bytes"] or 0) == 64 * 2 ** 20
-    finally:
-        proc.stdin.close()
-        proc.wait()
+def test_unit_mode_counts_what_the_cgroup_saw_beyond_the_tree(idle_process, fake_nvml):
+    proc = idle_process
+    # HostProbe's own check of the unit, then two looks: the cgroup did 3 s of CPU and read 64 MiB
+    # between them, the idle tree nothing.
+    runner = SystemdScript(proc.pid, accounting=[(0, 0), (10 ** 9, 0), (4 * 10 ** 9, 64 * 2 ** 20)])
+    probe = HostProbe(config(unit="sglang-k26.service", url="http://127.0.0.1:%d" % closed_port()),
+                      runner=runner, nvml=fake_nvml)
+    first = probe.snapshot(0.0).process
+    second = probe.snapshot(5.0).process
+    assert round(second["cpu_seconds"] - first["cpu_seconds"], 1) == 3.0
+    assert second["read_bytes"] - (first["read_bytes"] or 0) == 64 * 2 ** 20
 
 
 def test_unit_mode_refuses_a_unit_that_does_not_exist(fake_nvml):
@@ -194,49 +195,41 @@ class RestartScript(object):
         return 127, "", "not scripted"
 
 
-def test_a_wait_begun_during_a_restarts_drain_starts_its_story_at_the_next_run(fake_nvml):
+def test_a_wait_begun_during_a_restarts_drain_starts_its_story_at_the_next_run(idle_process, fake_nvml):
     from ansible_collections.modelwake.serving.plugins.module_utils.readiness.classifier import Classifier
 
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-    try:
-        stopping = ("deactivating", "stop-sigterm", "old")
-        runner = RestartScript(proc.pid, [stopping, stopping, stopping, ("active", "running", "new")])
-        cfg = config(unit="vllm-k26.service", url="http://127.0.0.1:%d" % closed_port(), engine="vllm")
-        probe = HostProbe(cfg, runner=runner, nvml=fake_nvml)
-        classifier = Classifier(cfg)
-        looks = [probe.snapshot(t) for t in (0.0, 1.0)]
-        # While the old run stops, nothing of it is read: no journal, no HTTP, no processes.
-        assert [look.earlier_run for look in looks] == [
-            {"invocation": "inv-old", "pid": 1111, "state": "deactivating, stop-sigterm"}] * 2
-        assert looks[0].http is None and looks[0].process == {} and runner.journal_reads == 0
-        looks.append(probe.snapshot(2.0))
-        verdicts = [classifier.observe(look) for look in looks]
-        assert verdicts[0].phase == "not_started" and verdicts[0].pid is None
-        assert "the earlier run of vllm-k26.service (pid 1111) is still stopping (deactivating, stop-sigterm)" \
-            in verdicts[0].msg
-        # The new run: only its own line, not the old run's drain nor its error read late under the new id.
-        assert looks[2].earlier_run is None and runner.journal_reads == 1
-        assert looks[2].log_lines == ["INFO: Started server process [%d]" % proc.pid] and looks[2].log_context == []
-        assert verdicts[2].phase == "starting" and not verdicts[2].terminal and verdicts[2].pid == proc.pid
-        assert "cannot schedule" not in json.dumps([v.to_dict() for v in verdicts])
-    finally:
-        proc.stdin.close()
-        proc.wait()
+    proc = idle_process
+    stopping = ("deactivating", "stop-sigterm", "old")
+    runner = RestartScript(proc.pid, [stopping, stopping, stopping, ("active", "running", "new")])
+    cfg = config(unit="vllm-k26.service", url="http://127.0.0.1:%d" % closed_port(), engine="vllm")
+    probe = HostProbe(cfg, runner=runner, nvml=fake_nvml)
+    classifier = Classifier(cfg)
+    looks = [probe.snapshot(t) for t in (0.0, 1.0)]
+    # While the old run stops, nothing of it is read: no journal, no HTTP, no processes.
+    assert [look.earlier_run for look in looks] == [
+        {"invocation": "inv-old", "pid": 1111, "state": "deactivating, stop-sigterm"}] * 2
+    assert looks[0].http is None and looks[0].process == {} and runner.journal_reads == 0
+    looks.append(probe.snapshot(2.0))
+    verdicts = [classifier.observe(look) for look in looks]
+    assert verdicts[0].phase == "not_started" and verdicts[0].pid is None
+    assert "the earlier run of vllm-k26.service (pid 1111) is still stopping (deactivating, stop-sigterm)" \
+        in verdicts[0].msg
+    # The new run: only its own line, not the old run's drain nor its error read late under the new id.
+    assert looks[2].earlier_run is None and runner.journal_reads == 1
+    assert looks[2].log_lines == ["INFO: Started server process [%d]" % proc.pid] and looks[2].log_context == []
+    assert verdicts[2].phase == "starting" and not verdicts[2].terminal and verdicts[2].pid == proc.pid
+    assert "cannot schedule" not in json.dumps([v.to_dict() for v in verdicts])
 
 
-def test_a_wait_begun_on_a_running_unit_reads_its_run_at_once(fake_nvml):
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-    try:
-        runner = RestartScript(proc.pid, [("active", "running", "new")])
-        probe = HostProbe(config(unit="vllm-k26.service", url="http://127.0.0.1:%d" % closed_port()),
-                          runner=runner, nvml=fake_nvml)
-        look = probe.snapshot(0.0)
-        assert look.earlier_run is None and look.http is not None and runner.journal_reads == 1
-        # Its first read filters by this run alone; the old run's writer is learnt from its own lines.
-        assert look.log_lines == ["INFO: Started server process [%d]" % proc.pid]
-    finally:
-        proc.stdin.close()
-        proc.wait()
+def test_a_wait_begun_on_a_running_unit_reads_its_run_at_once(idle_process, fake_nvml):
+    proc = idle_process
+    runner = RestartScript(proc.pid, [("active", "running", "new")])
+    probe = HostProbe(config(unit="vllm-k26.service", url="http://127.0.0.1:%d" % closed_port()),
+                      runner=runner, nvml=fake_nvml)
+    look = probe.snapshot(0.0)
+    assert look.earlier_run is None and look.http is not None and runner.journal_reads == 1
+    # Its first read filters by this run alone; the old run's writer is learnt from its own lines.
+    assert look.log_lines == ["INFO: Started server process [%d]" % proc.pid]
 
 
 def test_a_single_look_at_a_stopping_unit_reports_it_as_it_is(fake_nvml):
