@@ -4,6 +4,7 @@ engine deployed by deploy-k26.yml in a container of the image built from the tes
 filesystem, and the looks both tests take at the unit and its containers."""
 import json
 import os
+import re
 import tempfile
 import time
 
@@ -64,6 +65,24 @@ class ContainerGuest(object):
                     break
             time.sleep(0.3)
         return seen
+
+    def restart_is_activating_until_a_completion(self):
+        """Restart the unit and check it from systemd's side: activating, with the launcher's STATUS=
+        through the load, until a completion answered (ready only then, the engine that listens found
+        among the container's processes); the engine's output in the unit's journal; the old container
+        removed by the stop, a new one running."""
+        old_container = self.container_id()
+        seen = self.restart_watching()
+        said = "\n".join("%s: %s" % pair for pair in seen)
+        states = [active for active, _text in seen]
+        assert states[-1] == "active" and set(states[:-1]) == {"activating"}, said
+        assert [text for active, text in seen if active == "activating" and text.startswith("loading")], said
+        assert seen[-1][1].startswith("ready in "), said
+        journal = self.sh("journalctl -u %s -o cat --since=-5min" % self.unit)
+        assert re.search(r"^modelwake: ready in .*a completion .* answered", journal, re.M), journal[-3000:]
+        assert "held by another process" not in journal
+        assert "load" in journal.lower(), journal[-3000:]
+        assert self.containers() == [self.container] and self.container_id() != old_container
 
     def container_id(self):
         return self.sh("%s container inspect --format '{{.Id}}' %s" % (self.runtime, self.container))
