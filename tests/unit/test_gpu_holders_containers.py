@@ -3,10 +3,12 @@ container beside each (from the cgroup's libpod-<id>, or, with Podman's --cgroup
 namespace its first process shares), and who may be stopped is still decided by the unit alone.
 
 /proc is a directory tree written by the test (cgroups, and ns/pid as symlinks like the kernel's); the
-container list stands in for `podman ps --format json`.
+container list stands in for `podman ps --format json`, and Docker's `docker ps` and `docker inspect` answer
+from a script.
 """
 import json
 import os
+import subprocess
 
 from ansible_collections.modelwake.serving.plugins.module_utils.preflight import containers, holders
 from ansible_collections.modelwake.serving.plugins.module_utils.host.gpu import GpuReader
@@ -29,6 +31,9 @@ def test_container_id_from_the_cgroup_paths_of_podman_and_docker():
     # --cgroups=split: the engine in a sub-cgroup of the unit's.
     assert containers.container_id_from_cgroup("0::/system.slice/sglang-k26.service/libpod-payload-%s\n" % ID_B) == ID_B
     assert containers.container_id_from_cgroup("0::/system.slice/docker-%s.scope\n" % ID_B) == ID_B
+    # Docker's cgroupfs driver: docker/<id>.
+    assert containers.container_id_from_cgroup("4:memory:/docker/%s\n1:name=systemd:/docker/%s\n" % (ID_B, ID_B)) == ID_B
+    assert containers.container_id_from_cgroup("0::/docker/%s/init\n" % ID_A) == ID_A
     # cgroup v1: the controllers' lines carry it too.
     assert containers.container_id_from_cgroup("4:memory:/machine.slice/libpod-%s.scope/container\n1:name=systemd:/\n"
                                                % ID_A) == ID_A
@@ -62,7 +67,8 @@ def test_match_container_by_cgroup_id_then_by_pid_namespace():
 def test_describe():
     assert containers.describe({"id": ID_A, "name": "stray"}) == "container stray (%s)" % ID_A[:12]
     assert containers.describe({"id": ID_A, "name": None}) == "container %s" % ID_A[:12]
-    assert containers.describe({"id": None, "name": None}) == "container (another PID namespace, not Podman's)"
+    assert containers.describe({"id": None, "name": None}) == \
+        "container (another PID namespace, not Podman's or Docker's)"
     assert containers.describe(None) == ""
 
 
@@ -123,3 +129,107 @@ def test_no_container_no_question_to_the_runtime(tmp_path):
 
     result = holders.survey(needed=[0], reader=GpuReader(nvml=nvml), proc_root=str(proc), list_containers=podman_ps)
     assert result["holders"][0]["container"] is None and result["holders"][0]["label"] == "4242"
+
+
+class ScriptedDocker(object):
+    """`docker`'s answers, in turn, for docker_containers' `run`; records the commands."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.commands = []
+
+    def __call__(self, argv, **_kwargs):
+        self.commands.append(argv)
+        rc, out = self.answers.pop(0)
+        return subprocess.CompletedProcess(argv, rc, out, "")
+
+
+def executable(tmp_path, name, script="#!/bin/sh\nexit 1\n"):
+    path = tmp_path / name
+    path.write_text(script)
+    path.chmod(0o755)
+    return str(path)
+
+
+INSPECT = ["inspect", "--type", "container", "--format", "{{.Id}} {{.State.Pid}} {{.Name}}"]
+
+
+def test_parse_docker_inspect_lines():
+    text = "%s 4321 /stray\n%s 0 /modelwake-sglang-dock\nnot a container line\n" % (ID_A, ID_B)
+    assert containers.parse_docker_inspect(text) == [{"id": ID_A, "name": "stray", "pid": 4321},
+                                                     {"id": ID_B, "name": "modelwake-sglang-dock", "pid": 0}]
+    assert containers.parse_docker_inspect("") == [] and containers.parse_docker_inspect(None) == []
+
+
+def test_docker_containers_lists_the_running_ones_then_inspects_them_for_names_and_host_pids(tmp_path):
+    docker = executable(tmp_path, "docker")
+    run = ScriptedDocker((0, "%s\n%s\n" % (ID_A, ID_B)), (0, "%s 4321 /stray\n%s 5432 /modelwake-sglang-dock\n"
+                                                               % (ID_A, ID_B)))
+    assert containers.docker_containers(docker, run) == [{"id": ID_A, "name": "stray", "pid": 4321},
+                                                         {"id": ID_B, "name": "modelwake-sglang-dock", "pid": 5432}]
+    assert run.commands == [[docker, "ps", "--quiet", "--no-trunc"], [docker] + INSPECT + [ID_A, ID_B]]
+
+
+def test_docker_containers_answers_what_it_could_read(tmp_path):
+    docker = executable(tmp_path, "docker")
+    # No container running: nothing to inspect.
+    run = ScriptedDocker((0, ""))
+    assert containers.docker_containers(docker, run) == [] and len(run.commands) == 1
+    # The daemon does not answer.
+    run = ScriptedDocker((1, ""))
+    assert containers.docker_containers(docker, run) == [] and len(run.commands) == 1
+    # A container gone between ps and inspect: inspect fails for it, the other is still named.
+    run = ScriptedDocker((0, "%s\n%s\n" % (ID_A, ID_B)), (1, "%s 4321 /stray\n" % ID_A))
+    assert containers.docker_containers(docker, run) == [{"id": ID_A, "name": "stray", "pid": 4321}]
+    # No Docker on the host: not asked.
+    run = ScriptedDocker()
+    assert containers.docker_containers(str(tmp_path / "absent"), run) == [] and run.commands == []
+
+
+def test_runtime_containers_asks_both_runtimes_present(tmp_path):
+    podman = executable(tmp_path, "podman", "#!/bin/sh\necho '%s'\n" % json.dumps([{"Id": ID_A, "Names": ["stray"],
+                                                                                     "Pid": 4321}]))
+    docker = executable(tmp_path, "docker", "#!/bin/sh\nif [ \"$1\" = ps ]; then echo %s; "
+                                            "else echo '%s 5432 /modelwake-sglang-dock'; fi\n" % (ID_B, ID_B))
+    assert containers.runtime_containers(podman, docker) == [{"id": ID_A, "name": "stray", "pid": 4321},
+                                                             {"id": ID_B, "name": "modelwake-sglang-dock", "pid": 5432}]
+    assert containers.runtime_containers(str(tmp_path / "absent"), docker) == [
+        {"id": ID_B, "name": "modelwake-sglang-dock", "pid": 5432}]
+
+
+def test_survey_names_docker_containers_by_their_cgroup_or_their_pid_namespace(tmp_path):
+    nvml = fresh_nvml_api()
+    nvml.configure(devices=[
+        {"uuid": "GPU-a", "memory_used_mib": 40000, "memory_total_mib": 97887, "utilization": 0,
+         "processes": [{"pid": 5001, "used_mib": 30000}, {"pid": 6001, "used_mib": 9000}]},
+    ])
+    proc = tmp_path / "proc"
+    write_proc(proc, 1, ["/sbin/init"], cgroup="0::/init.scope\n")
+    with_namespace(proc, 1, HOST_NS)
+    # Docker's systemd cgroup driver: the container's own scope names it.
+    write_proc(proc, 5001, ["python3", "serve.py"], cgroup="0::/system.slice/docker-%s.scope\n" % ID_A)
+    with_namespace(proc, 5001, "pid:[4026532001]")
+    # A cgroup without the container's ID (runc given no cgroup path: below containerd's): found by the PID
+    # namespace it shares with the container's init (docker-init, `docker inspect`'s State.Pid).
+    write_proc(proc, 6001, ["python3", "-m", "sglang.launch_server"],
+               cgroup="1:name=systemd:/system.slice/containerd.service/c0ffee\n")
+    with_namespace(proc, 6001, "pid:[4026532002]")
+    write_proc(proc, 6000, ["docker-init", "--", "python3"], cgroup="1:name=systemd:/system.slice/containerd.service/c0ffee\n")
+    with_namespace(proc, 6000, "pid:[4026532002]")
+    docker = executable(tmp_path, "docker")
+    run = ScriptedDocker((0, "%s\n%s\n" % (ID_A, ID_B)),
+                         (0, "%s 5000 /stray\n%s 6000 /modelwake-sglang-other\n" % (ID_A, ID_B)))
+    result = holders.survey(needed=[0], service_unit="sglang-k26", stop_units=["sglang-other"],
+                            reader=GpuReader(nvml=nvml), proc_root=str(proc),
+                            list_containers=lambda: containers.docker_containers(docker, run))
+    assert len(run.commands) == 2  # asked once for both holders
+    by_pid = dict((h["pid"], h) for h in result["holders"])
+    assert by_pid[5001]["container"] == {"id": ID_A, "name": "stray"}
+    assert by_pid[5001]["label"] == "5001 in container stray (%s)" % ID_A[:12]
+    assert by_pid[6001]["container"] == {"id": ID_B, "name": "modelwake-sglang-other"}
+    assert by_pid[6001]["label"] == "6001 in container modelwake-sglang-other (%s)" % ID_B[:12]
+    # Named only: neither holder's cgroup is a unit of the stop list, so both are foreign and refused.
+    assert result["stop_units"] == []
+    assert sorted(h["pid"] for h in result["blocking"]) == [5001, 6001]
+    rows = dict((line.split()[0], line) for line in result["blocking_table"][1:])
+    assert "[container stray (%s)] python3 serve.py" % ID_A[:12] in rows["5001"]

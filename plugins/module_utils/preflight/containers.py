@@ -2,10 +2,11 @@
 
 NVML (and nvidia-smi) list a container's processes by their host PIDs, which say nothing of the
 container. A holder is in a container when its cgroup path names one (Podman's `libpod-<id>` scope or
-`libpod-payload-<id>` sub-cgroup, Docker's `docker-<id>.scope`), or, where the cgroup says nothing
-(Podman's --cgroups=disabled keeps the container in its caller's cgroup), when it runs in another PID
-namespace than the host's: the container is then the one whose first process (`podman ps`'s Pid) shares
-that namespace.
+`libpod-payload-<id>` sub-cgroup, Docker's `docker-<id>.scope` with the systemd cgroup driver or
+`/docker/<id>` with cgroupfs), or, where the cgroup says nothing (Podman's --cgroups=disabled keeps the
+container in its caller's cgroup), when it runs in another PID namespace than the host's: the container is
+then the one whose first process shares that namespace. Both runtimes present are asked (Podman's `podman
+ps`, Docker's `docker ps` and `docker inspect`), for the names and first processes' host PIDs.
 
 Only the name is added here: who may stop the holder is still decided by its systemd unit alone
 (holders.plan), so a modelwake unit's container is stopped through its unit and any other container is
@@ -17,8 +18,9 @@ import re
 import subprocess
 
 # The container ID in a cgroup path (64 hex digits).
-_CGROUP_CONTAINER = re.compile(r"(?:^|/)(?:libpod-(?:payload-|conmon-)?|docker-)([0-9a-f]{64})(?:\.scope)?(?:/|$)")
+_CGROUP_CONTAINER = re.compile(r"(?:^|/)(?:libpod-(?:payload-|conmon-)?|docker-|docker/)([0-9a-f]{64})(?:\.scope)?(?:/|$)")
 PODMAN = "/usr/bin/podman"
+DOCKER = "/usr/bin/docker"
 SHORT_ID = 12
 
 
@@ -82,6 +84,43 @@ def podman_containers(podman=PODMAN):
     return containers
 
 
+def parse_docker_inspect(text):
+    """[{id, name, pid}] from `docker inspect --format '{{.Id}} {{.State.Pid}} {{.Name}}'` (one line each;
+    Docker's name has a leading '/')."""
+    containers = []
+    for line in (text or "").splitlines():
+        words = line.split()
+        if len(words) != 3 or not words[1].isdigit():
+            continue
+        containers.append({"id": words[0], "name": words[2].lstrip("/") or None, "pid": int(words[1])})
+    return containers
+
+
+def docker_containers(docker=DOCKER, run=subprocess.run):
+    """The running Docker containers ([{id, name, pid}]); [] where Docker is absent or its daemon answers
+    nothing. `docker ps` gives no PID: `docker inspect` of the running ones does, with their names."""
+    if not os.access(docker, os.X_OK):
+        return []
+    try:
+        done = run([docker, "ps", "--quiet", "--no-trunc"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                   universal_newlines=True, timeout=30, check=False)
+        ids = done.stdout.split() if done.returncode == 0 else []
+        if not ids:
+            return []
+        done = run([docker, "inspect", "--type", "container", "--format", "{{.Id}} {{.State.Pid}} {{.Name}}"] + ids,
+                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, universal_newlines=True, timeout=30,
+                   check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    # A container gone between the two answers makes inspect fail for it alone: the others are still listed.
+    return parse_docker_inspect(done.stdout)
+
+
+def runtime_containers(podman=PODMAN, docker=DOCKER):
+    """The running containers of both runtimes ([{id, name, pid}]), each asked where it is installed."""
+    return podman_containers(podman) + docker_containers(docker)
+
+
 def match_container(container_id, namespace, host_namespace, containers):
     """The container of a holder, pure: {id, name} or None (not in a container).
 
@@ -107,12 +146,12 @@ def describe(container):
     if not container:
         return ""
     if container["id"] is None:
-        return "container (another PID namespace, not Podman's)"
+        return "container (another PID namespace, not Podman's or Docker's)"
     short = container["id"][:SHORT_ID]
     return "container %s (%s)" % (container["name"], short) if container["name"] else "container %s" % short
 
 
-def attach_containers(holders, proc_root="/proc", list_containers=podman_containers):
+def attach_containers(holders, proc_root="/proc", list_containers=runtime_containers):
     """Set each holder's `container` ({id, name} or None). The runtime is asked only when a holder is
     in a container at all, once."""
     host_namespace = pid_namespace(1, proc_root)

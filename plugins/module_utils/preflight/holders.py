@@ -52,7 +52,7 @@ def process_owner(pid, proc_root="/proc"):
     return user, unit
 
 
-def read_holders(reader, proc_root="/proc", list_containers=container_names.podman_containers):
+def read_holders(reader, proc_root="/proc", list_containers=container_names.runtime_containers):
     """[{pid, user, unit, cmdline, container, label, gpus: {index: mib or None}}] from the reader's
     compute processes (container: {id, name} or None; label: the PID, and the container it runs in)."""
     by_pid = {}
@@ -185,7 +185,7 @@ def gpu_table(gpus):
 
 
 def survey(needed=None, service_unit=None, stop_units=(), max_foreign_mib=1024, min_free_mib=0,
-           model_bytes=0, reader=None, proc_root="/proc", list_containers=container_names.podman_containers):
+           model_bytes=0, reader=None, proc_root="/proc", list_containers=container_names.runtime_containers):
     """Read the GPUs and their holders and plan; returns plan() plus backend, gpus and tables."""
     reader = reader or GpuReader(gpus=None)
     gpus = reader.read()
