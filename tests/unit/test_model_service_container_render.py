@@ -3,10 +3,14 @@
 `podman run` / `docker run` as its engine, the image by its pinned ID, values never on the command line, and
 every stop removes the container. Docker's container runs outside the unit's cgroup: the launcher finds it by
 its name. One shape of test for both runtimes; what only one runtime does is tested for it alone."""
+import os
 import shlex
+import subprocess
 
 import pytest
+import yaml
 
+from tests.helpers.paths import ROOT
 from tests.unit.test_model_service_render import SECRET, VENV, directive, exec_start, make_model, run_play
 
 IMAGE_ID = "sha256:" + "29a7c7b4edaaf8a873c4fa6376889f6a3d9e3cad6a94b893360f36ec24022565"
@@ -212,3 +216,44 @@ def test_the_image_the_unit_ran_is_kept_for_the_rollback_of_a_failed_image_upgra
     # The rollback's render: the previous image in the unit and in the kept file again.
     argv = exec_argv(runs[2][1])
     assert IMAGE_ID in argv and NEW_IMAGE_ID not in argv and runs[2][2] == IMAGE_ID
+
+
+def docker_creating_wait(tmp_path, substate, container_exists, deadline="2"):
+    """Run vars/main.yml's _model_service_docker_creating_wait (tasks/rollback.yml's, runtime docker) with a
+    systemctl that shows the unit in `substate` and a docker whose inspect finds the container or not; its
+    exit status (124: still waiting at the deadline) and the commands it ran."""
+    with open(os.path.join(ROOT, "roles", "model_service", "vars", "main.yml")) as handle:
+        script = yaml.safe_load(handle)["_model_service_docker_creating_wait"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "commands"
+    for name, body in (("systemctl", "echo %s" % substate), ("docker", "exit %d" % (0 if container_exists else 1))):
+        tool = bin_dir / name
+        tool.write_text("#!/bin/sh\necho \"%s $*\" >> %s\n%s\n" % (name, log, body))
+        tool.chmod(0o755)
+    done = subprocess.run(["timeout", deadline, "/bin/sh", "-c", script, "sh", "sglang-dock.service",
+                           str(bin_dir / "docker"), "modelwake-sglang-dock"],
+                          env=dict(os.environ, PATH="%s:%s" % (bin_dir, os.environ["PATH"])), timeout=30, check=False)
+    return done.returncode, log.read_text().splitlines()
+
+
+def test_the_docker_rollback_lets_a_start_create_its_container_before_the_restart(tmp_path):
+    # Between starts (systemd's restart delay) or stopped: nothing is being created, the restart goes ahead.
+    for number, substate in enumerate(("auto-restart", "dead", "failed", "running")):
+        work = tmp_path / str(number)
+        work.mkdir()
+        rc, commands = docker_creating_wait(work, substate, container_exists=False)
+        assert (rc, commands) == (0, ["systemctl show --property=SubState --value sglang-dock.service"]), substate
+    # Starting, and its container exists: a stop now leaves nothing to a later start.
+    work = tmp_path / "created"
+    work.mkdir()
+    rc, commands = docker_creating_wait(work, "start", container_exists=True)
+    assert rc == 0 and commands[-1] == "docker container inspect modelwake-sglang-dock", commands
+    # Starting (or in ExecStartPre) without its container yet: `docker run` may be creating it, so it waits
+    # (here until the deadline, when the restart goes ahead anyway).
+    for substate in ("start", "start-pre"):
+        work = tmp_path / substate
+        work.mkdir()
+        rc, commands = docker_creating_wait(work, substate, container_exists=False, deadline="1.5")
+        assert rc == 124, (substate, commands)
+        assert commands.count("docker container inspect modelwake-sglang-dock") >= 2, commands
