@@ -84,6 +84,48 @@ class ContainerGuest(object):
         assert "load" in journal.lower(), journal[-3000:]
         assert self.containers() == [self.container] and self.container_id() != old_container
 
+    def a_failed_image_upgrade_is_rolled_back(self, guest, broken_image):
+        """Deploy an image derived from the deployed one (`broken_image(name, base ID)` -> its ID, built on the
+        guest) whose engine fails at its start, and check that the deploy fails with the engine's own error,
+        the unit is put back on the previous image (the unit file, the kept ID, the container's image) and
+        that image answers again."""
+        old = guest["image_id"]
+        mark = time.monotonic()
+        new = broken_image(self.name, old)
+        guest["timings"]["broken image"] = round(time.monotonic() - mark, 1)
+        assert new != old
+        with open(guest["inventory"]) as handle:
+            deployed = json.load(handle)["all"]["vars"]["modelwake_models"][self.model]
+        upgraded = dict(deployed, image_id=new, image_archive="")
+        rc, out = play(guest, "deploy-k26.yml", {"modelwake_models": {self.model: upgraded}})
+        flat = " ".join(out.split())
+        assert rc != 0, flat[-5000:]
+        # The restart onto the new image failed with the engine's own error ...
+        assert "%s did not come up after the image upgrade %s -> %s: failed after" % (self.unit, old, new) in flat, \
+            flat[-5000:]
+        assert "libcudart.so.13: cannot open shared object file" in flat, flat[-5000:]
+        # ... and the unit was put back on the previous image, which answered again.
+        assert re.search(r"Rolled back to the previous image %s and restarted: ready again after [\d.]+ s" % old,
+                         flat), flat[-5000:] + "\n" + self.sh("journalctl -u %s -n 60 -o short-monotonic" % self.unit)
+        assert self.sh("cat /etc/modelwake/%s.image" % self.unit) == old
+        # (Podman shows the container's image ID without its sha256: prefix, Docker with it.)
+        running = old if self.runtime == "docker" else old[len("sha256:"):]
+        assert self.sh("%s container inspect --format '{{.Image}}' %s" % (self.runtime, self.container)) == running
+        # (The launcher says READY=1 after its own completion, a moment after the wait's.)
+        deadline = time.monotonic() + 60
+        while self.show("ActiveState")["ActiveState"] != "active" and time.monotonic() < deadline:
+            time.sleep(1)
+        assert self.show("ActiveState")["ActiveState"] == "active"
+        # The unit names the previous image again (a re-run with the old pin leaves it so).
+        exec_start = self.show("ExecStart")["ExecStart"]
+        assert old in exec_start and new not in exec_start
+
+    def hold_gpu(self, pid, index, name):
+        """The fake nvidia-smi (tools/testhosts install-fake-gpus) lists `pid` (a host PID, as NVML gives) as
+        holding 30000 MiB of GPU `index`."""
+        self.sh("echo '{\"pid\": %s, \"name\": \"python\", \"gpus\": {\"%d\": {\"memory_mib\": 30000, "
+                "\"utilization\": 0}}}' > /run/modelwake-fake-gpu/holder-%s.json" % (pid, index, name))
+
     def container_id(self):
         return self.sh("%s container inspect --format '{{.Id}}' %s" % (self.runtime, self.container))
 

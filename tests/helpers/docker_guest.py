@@ -23,7 +23,7 @@ import tarfile
 
 from tests.helpers.guesthost import guest_sh
 from tests.helpers.paths import TESTHOSTS
-from tests.helpers.podman_guest import CACHE, Locked, _testhosts, install_debs, push_files, sim_tar
+from tests.helpers.podman_guest import BROKEN_MAIN, CACHE, Locked, _testhosts, install_debs, push_files, sim_tar
 
 PACKAGES = ["docker.io", "tini"]
 # Bump when the image's recipe changes, so an archive built the old way is not reused.
@@ -113,3 +113,17 @@ def sim_image(guest):
             guest_sh(guest, "rm -rf %s && docker rmi --force %s:%s >/dev/null" % (work, IMAGE_NAME, key), timeout=300)
         with open(id_file) as handle:
             return archive, handle.read().strip()
+
+
+def broken_image(guest, base_id):
+    """The ID of an image derived on `guest` from the image `base_id` (present there) whose engine fails at its
+    start (podman_guest.BROKEN_MAIN): Docker's builder copies the one file into a layer of its own, no RUN step
+    (nothing runs during the build). The base is tagged for the build's FROM, a name the builder resolves
+    without a registry."""
+    work = "/root/broken-image"
+    guest_sh(guest, "mkdir -p %s/modelwake_sim && cat > %s/modelwake_sim/__main__.py" % (work, work), stdin=BROKEN_MAIN)
+    guest_sh(guest, "cat > %s/Dockerfile" % work,
+             stdin="FROM %s:base\nCOPY modelwake_sim/__main__.py /%smodelwake_sim/__main__.py\n" % (IMAGE_NAME, SITE))
+    guest_sh(guest, "docker tag %s %s:base && docker build --quiet -t %s:broken %s >/dev/null"
+             % (base_id, IMAGE_NAME, IMAGE_NAME, work), timeout=300)
+    return guest_sh(guest, "docker image inspect --format '{{.Id}}' %s:broken" % IMAGE_NAME)

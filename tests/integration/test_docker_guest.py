@@ -5,19 +5,21 @@ loaded by inference_env from its `docker save` archive as on an air-gapped host)
 The unit is the venv's notify unit with `docker run` as the launcher's engine. The container is containerd's
 shim's, outside the unit's cgroup: the launcher finds it by its name (its init's host PID and cgroup) and
 systemd says activating with the launcher's STATUS= until a completion answers; a re-run changes nothing and
-keeps the same container; an engine that crashes in the container ends the deploy failed with its own error;
+keeps the same container; an image upgrade whose engine fails is rolled back to the previous image ID; a GPU
+holder in a container started by hand is named by its container beside its host PID, and refused; an engine that crashes in the container ends the deploy failed with its own error;
 no stop leaves a container behind. The guest is destroyed afterwards, also when a test fails.
 """
 import json
 import os
+import re
 import shutil
 import time
 
 import pytest
 
 from tests.helpers.container_guest import FAST, OOM, ContainerGuest, play
-from tests.helpers.docker_guest import install_docker, sim_image
-from tests.helpers.guesthost import verdict_msg
+from tests.helpers.docker_guest import broken_image, install_docker, sim_image
+from tests.helpers.guesthost import host_tool, verdict_msg
 
 VM = ContainerGuest("mwd-%d" % (os.getpid() % 100000), "dock", "sglang-dock", "docker", port=30012)
 GUEST, UNIT, CONTAINER = VM.name, VM.unit, VM.container
@@ -68,6 +70,39 @@ def test_a_rerun_changes_nothing_and_keeps_the_same_container(guest):
     assert (container_id(), show("MainPID")["MainPID"]) == kept
 
 
+def test_a_failed_image_upgrade_is_rolled_back_to_the_previous_image(guest):
+    # An image derived with `docker build` (the engine's entry point replaced by one that fails at its import);
+    # the unit's ExecStartPre removes the failed start's container, the old image's starts anew.
+    VM.a_failed_image_upgrade_is_rolled_back(guest, broken_image)
+
+
+def test_a_gpu_holder_in_a_docker_container_is_named_by_container_and_host_pid(guest):
+    host_tool("install-fake-gpus", GUEST, "--count", "2")
+    try:
+        # A container started by hand holds GPU 1: its processes are containerd's shim's, in no unit of
+        # modelwake's, and NVML lists them by host PID.
+        on_guest("docker run -d --init --pull=never --name stray %s sleep 86402 >/dev/null" % guest["image_id"])
+        deadline = time.monotonic() + 60
+        stray_pid = ""
+        while not stray_pid and time.monotonic() < deadline:
+            stray_pid = on_guest("pgrep -xf 'sleep 86402'", check=False)
+            time.sleep(0.3)
+        assert stray_pid, "the container's sleep did not start"
+        stray_id = on_guest("docker container inspect --format '{{.Id}}' stray")
+        VM.hold_gpu(stray_pid, 1, "stray")
+        rc, out = play(guest, "deploy-k26.yml")
+        flat = " ".join(out.split())
+        # Refused before any change, naming the container by its name and short ID beside the host PID.
+        assert rc == 2, flat[-5000:]
+        assert "PIDs %s in container stray (%s):" % (stray_pid, stray_id[:12]) in flat, flat[-5000:]
+        assert re.search(r"%s root \S+ foreign 1:30000 \[container stray \(%s\)\] sleep 86402"
+                         % (stray_pid, stray_id[:12]), flat), flat[-5000:]
+        assert on_guest("docker ps --format '{{.Names}}' --filter name=stray") == "stray"
+    finally:
+        on_guest("docker rm --force stray >/dev/null; rm -rf /usr/local/bin/nvidia-smi /run/modelwake-fake-gpu",
+                 check=False)
+
+
 def test_a_stop_leaves_no_container_running(guest):
     assert containers() == [CONTAINER]
     init, engine = container_engine()
@@ -94,3 +129,4 @@ def test_a_crash_in_the_container_fails_the_deploy_with_its_cause_and_leaves_no_
         time.sleep(1)
     assert show("ActiveState")["ActiveState"] in ("failed", "inactive")
     assert containers() == []
+

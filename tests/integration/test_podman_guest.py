@@ -74,29 +74,9 @@ def test_a_rerun_changes_nothing_and_keeps_the_same_container(guest):
 
 
 def test_a_failed_image_upgrade_is_rolled_back_to_the_previous_image(guest):
-    old = guest["image_id"]
-    mark = time.monotonic()
-    new = broken_image(GUEST, old)
-    guest["timings"]["broken image"] = round(time.monotonic() - mark, 1)
-    assert new != old
-    upgraded = dict(entry(guest), image_id=new, image_archive="")
-    rc, out = play(guest, "deploy-k26.yml", {"modelwake_models": {"pod": upgraded}})
-    flat = " ".join(out.split())
-    assert rc != 0, flat[-5000:]
-    # The restart onto the new image failed with the engine's own error ...
-    assert "%s did not come up after the image upgrade %s -> %s: failed after" % (UNIT, old, new) in flat, flat[-5000:]
-    assert "libcudart.so.13: cannot open shared object file" in flat, flat[-5000:]
-    # ... and the unit was put back on the previous image, which answered again.
-    assert re.search(r"Rolled back to the previous image %s and restarted: ready again after [\d.]+ s" % old, flat), flat[-5000:]
-    assert on_guest("cat /etc/modelwake/%s.image" % UNIT) == old
-    assert on_guest("podman container inspect --format '{{.Image}}' %s" % CONTAINER) == old[len("sha256:"):]
-    # (The launcher says READY=1 after its own completion, a moment after the wait's.)
-    deadline = time.monotonic() + 60
-    while show("ActiveState")["ActiveState"] != "active" and time.monotonic() < deadline:
-        time.sleep(1)
-    assert show("ActiveState")["ActiveState"] == "active"
-    # The unit names the previous image again (a re-run with the old pin leaves it so: test above).
-    assert old in show("ExecStart")["ExecStart"] and new not in show("ExecStart")["ExecStart"]
+    # An image derived with the engine's entry point replaced by one that fails at its import; a re-run with
+    # the old pin leaves the unit on it (test above).
+    VM.a_failed_image_upgrade_is_rolled_back(guest, broken_image)
 
 
 def run_holder(command, marker):
