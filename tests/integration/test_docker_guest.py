@@ -6,8 +6,9 @@ The unit is the venv's notify unit with `docker run` as the launcher's engine. T
 shim's, outside the unit's cgroup: the launcher finds it by its name (its init's host PID and cgroup) and
 systemd says activating with the launcher's STATUS= until a completion answers; a re-run changes nothing and
 keeps the same container; an image upgrade whose engine fails is rolled back to the previous image ID; a GPU
-holder in a container started by hand is named by its container beside its host PID, and refused; an engine that crashes in the container ends the deploy failed with its own error;
-no stop leaves a container behind. The guest is destroyed afterwards, also when a test fails.
+holder in a container started by hand is named by its container beside its host PID, and refused; an engine
+that crashes in the container ends the deploy failed with its own error; no stop leaves a container behind.
+The guest is destroyed afterwards, also when a test fails.
 """
 import json
 import os

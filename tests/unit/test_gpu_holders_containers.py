@@ -32,7 +32,8 @@ def test_container_id_from_the_cgroup_paths_of_podman_and_docker():
     assert containers.container_id_from_cgroup("0::/system.slice/sglang-k26.service/libpod-payload-%s\n" % ID_B) == ID_B
     assert containers.container_id_from_cgroup("0::/system.slice/docker-%s.scope\n" % ID_B) == ID_B
     # Docker's cgroupfs driver: docker/<id>.
-    assert containers.container_id_from_cgroup("4:memory:/docker/%s\n1:name=systemd:/docker/%s\n" % (ID_B, ID_B)) == ID_B
+    assert containers.container_id_from_cgroup("4:memory:/docker/%s\n1:name=systemd:/docker/%s\n"
+                                               % (ID_B, ID_B)) == ID_B
     assert containers.container_id_from_cgroup("0::/docker/%s/init\n" % ID_A) == ID_A
     # cgroup v1: the controllers' lines carry it too.
     assert containers.container_id_from_cgroup("4:memory:/machine.slice/libpod-%s.scope/container\n1:name=systemd:/\n"
@@ -214,7 +215,8 @@ def test_survey_names_docker_containers_by_their_cgroup_or_their_pid_namespace(t
     write_proc(proc, 6001, ["python3", "-m", "sglang.launch_server"],
                cgroup="1:name=systemd:/system.slice/containerd.service/c0ffee\n")
     with_namespace(proc, 6001, "pid:[4026532002]")
-    write_proc(proc, 6000, ["docker-init", "--", "python3"], cgroup="1:name=systemd:/system.slice/containerd.service/c0ffee\n")
+    write_proc(proc, 6000, ["docker-init", "--", "python3"],
+               cgroup="1:name=systemd:/system.slice/containerd.service/c0ffee\n")
     with_namespace(proc, 6000, "pid:[4026532002]")
     docker = executable(tmp_path, "docker")
     run = ScriptedDocker((0, "%s\n%s\n" % (ID_A, ID_B)),

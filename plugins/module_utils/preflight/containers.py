@@ -18,7 +18,8 @@ import re
 import subprocess
 
 # The container ID in a cgroup path (64 hex digits).
-_CGROUP_CONTAINER = re.compile(r"(?:^|/)(?:libpod-(?:payload-|conmon-)?|docker-|docker/)([0-9a-f]{64})(?:\.scope)?(?:/|$)")
+_CGROUP_CONTAINER = re.compile(
+    r"(?:^|/)(?:libpod-(?:payload-|conmon-)?|docker-|docker/)([0-9a-f]{64})(?:\.scope)?(?:/|$)")
 PODMAN = "/usr/bin/podman"
 DOCKER = "/usr/bin/docker"
 SHORT_ID = 12
