@@ -31,6 +31,7 @@ def podman_argv(model):
     """`podman run`'s words up to the image, for the engine under the launcher."""
     return [
         "/usr/bin/podman", "run", "--rm", "--replace", "--pull=never", "--name", "modelwake-vllm-pod",
+        "--label=modelwake.unit=vllm-pod.service",
         "--cgroups=split", "--sdnotify=ignore", "--init", "--network=host", "--log-driver=none",
         "--volume", "%s:%s:ro" % (model, model),
         "--volume", "/var/cache/modelwake/vllm-pod:/var/cache/modelwake/vllm-pod",
@@ -45,6 +46,7 @@ def docker_argv(model):
     """`docker run`'s words up to the image, for the engine under the launcher."""
     return [
         "/usr/bin/docker", "run", "--rm", "--pull=never", "--name", "modelwake-vllm-dock",
+        "--label=modelwake.unit=vllm-dock.service",
         "--init", "--network=host", "--log-driver=none",
         "--volume", "%s:%s:ro" % (model, model),
         "--volume", "/var/cache/modelwake/vllm-dock:/var/cache/modelwake/vllm-dock",

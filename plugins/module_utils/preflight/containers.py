@@ -8,9 +8,10 @@ container in its caller's cgroup), when it runs in another PID namespace than th
 then the one whose first process shares that namespace. Both runtimes present are asked (Podman's `podman
 ps`, Docker's `docker ps` and `docker inspect`), for the names and first processes' host PIDs.
 
-Only the name is added here: who may stop the holder is still decided by its systemd unit alone
-(holders.plan), so a modelwake unit's container is stopped through its unit and any other container is
-refused, named.
+Only the name is added here, and the unit a modelwake unit's container was started by (its `modelwake.unit`
+label, which the unit's own `podman run` / `docker run` sets): who may stop the holder is still decided by
+a systemd unit alone (holders.plan), so a modelwake unit's container is stopped through its unit and any
+other container is refused, named.
 """
 import json
 import os
@@ -23,6 +24,8 @@ _CGROUP_CONTAINER = re.compile(
 PODMAN = "/usr/bin/podman"
 DOCKER = "/usr/bin/docker"
 SHORT_ID = 12
+# The label model_service puts on the containers its units run: the unit's name (sglang-k26.service).
+UNIT_LABEL = "modelwake.unit"
 
 
 def container_id_from_cgroup(text):
@@ -45,7 +48,7 @@ def pid_namespace(pid, proc_root="/proc"):
 
 
 def parse_podman_ps(text):
-    """[{id, name, pid}] from `podman ps --no-trunc --format json` (running containers)."""
+    """[{id, name, pid, unit}] from `podman ps --no-trunc --format json` (running containers)."""
     try:
         entries = json.loads(text or "[]") or []
     except ValueError:
@@ -55,12 +58,12 @@ def parse_podman_ps(text):
         names = entry.get("Names") or []
         name = names[0] if isinstance(names, list) and names else (names or None)
         containers.append({"id": entry.get("Id") or entry.get("ID") or "", "name": name,
-                           "pid": int(entry.get("Pid") or 0)})
+                           "pid": int(entry.get("Pid") or 0), "unit": (entry.get("Labels") or {}).get(UNIT_LABEL)})
     return containers
 
 
 def podman_containers(podman=PODMAN):
-    """The running Podman containers ([{id, name, pid}]); [] where Podman is absent or answers nothing."""
+    """The running Podman containers ([{id, name, pid, unit}]); [] where Podman is absent or answers nothing."""
     if not os.access(podman, os.X_OK):
         return []
     try:
@@ -85,20 +88,24 @@ def podman_containers(podman=PODMAN):
     return containers
 
 
+DOCKER_INSPECT_FORMAT = '{{.Id}} {{.State.Pid}} {{.Name}} {{index .Config.Labels "%s"}}' % UNIT_LABEL
+
+
 def parse_docker_inspect(text):
-    """[{id, name, pid}] from `docker inspect --format '{{.Id}} {{.State.Pid}} {{.Name}}'` (one line each;
-    Docker's name has a leading '/')."""
+    """[{id, name, pid, unit}] from `docker inspect --format DOCKER_INSPECT_FORMAT` (one line each; Docker's
+    name has a leading '/'; the label is empty on a container without it)."""
     containers = []
     for line in (text or "").splitlines():
         words = line.split()
-        if len(words) != 3 or not words[1].isdigit():
+        if len(words) not in (3, 4) or not words[1].isdigit():
             continue
-        containers.append({"id": words[0], "name": words[2].lstrip("/") or None, "pid": int(words[1])})
+        containers.append({"id": words[0], "name": words[2].lstrip("/") or None, "pid": int(words[1]),
+                           "unit": words[3] if len(words) == 4 else None})
     return containers
 
 
 def docker_containers(docker=DOCKER, run=subprocess.run):
-    """The running Docker containers ([{id, name, pid}]); [] where Docker is absent or its daemon answers
+    """The running Docker containers ([{id, name, pid, unit}]); [] where Docker is absent or its daemon answers
     nothing. `docker ps` gives no PID: `docker inspect` of the running ones does, with their names."""
     if not os.access(docker, os.X_OK):
         return []
@@ -108,7 +115,7 @@ def docker_containers(docker=DOCKER, run=subprocess.run):
         ids = done.stdout.split() if done.returncode == 0 else []
         if not ids:
             return []
-        done = run([docker, "inspect", "--type", "container", "--format", "{{.Id}} {{.State.Pid}} {{.Name}}"] + ids,
+        done = run([docker, "inspect", "--type", "container", "--format", DOCKER_INSPECT_FORMAT] + ids,
                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, universal_newlines=True, timeout=30,
                    check=False)
     except (OSError, subprocess.SubprocessError):
@@ -118,28 +125,28 @@ def docker_containers(docker=DOCKER, run=subprocess.run):
 
 
 def runtime_containers(podman=PODMAN, docker=DOCKER):
-    """The running containers of both runtimes ([{id, name, pid}]), each asked where it is installed."""
+    """The running containers of both runtimes ([{id, name, pid, unit}]), each asked where it is installed."""
     return podman_containers(podman) + docker_containers(docker)
 
 
 def match_container(container_id, namespace, host_namespace, containers):
-    """The container of a holder, pure: {id, name} or None (not in a container).
+    """The container of a holder, pure: {id, name, unit} or None (not in a container).
 
     container_id: from its cgroup (or None); namespace: its PID namespace; containers: [{id, name,
-    pid_ns}]. A holder in another PID namespace that no listed container shares is still in some
-    container (or namespace) that the runtime does not know: {id: None, name: None}.
+    pid_ns, unit}]. A holder in another PID namespace that no listed container shares is still in some
+    container (or namespace) that the runtime does not know: {id: None, name: None, unit: None}.
     """
     if container_id:
         for container in containers:
             if container["id"] == container_id:
-                return {"id": container_id, "name": container["name"]}
-        return {"id": container_id, "name": None}
+                return {"id": container_id, "name": container["name"], "unit": container.get("unit")}
+        return {"id": container_id, "name": None, "unit": None}
     if namespace is None or host_namespace is None or namespace == host_namespace:
         return None
     for container in containers:
         if container.get("pid_ns") == namespace:
-            return {"id": container["id"], "name": container["name"]}
-    return {"id": None, "name": None}
+            return {"id": container["id"], "name": container["name"], "unit": container.get("unit")}
+    return {"id": None, "name": None, "unit": None}
 
 
 def describe(container):
@@ -153,7 +160,7 @@ def describe(container):
 
 
 def attach_containers(holders, proc_root="/proc", list_containers=runtime_containers):
-    """Set each holder's `container` ({id, name} or None). The runtime is asked only when a holder is
+    """Set each holder's `container` ({id, name, unit} or None). The runtime is asked only when a holder is
     in a container at all, once."""
     host_namespace = pid_namespace(1, proc_root)
     containers = None

@@ -5,9 +5,14 @@ procfs.read_process; this file adds what the preflight needs on top: the owner o
 systemd unit it belongs to (from /proc/<pid>/cgroup), and a pure `plan()` that sorts holders into
 the service's own processes, processes of units that may be stopped, and foreign processes.
 
-A process is only ever attributed to a unit through its cgroup: a holder whose cgroup names no
-unit from the stop list is foreign, and the preflight fails rather than touch it. A holder in a
-container is named by its container too (containers.py), beside its host PID.
+A process is only ever attributed to a unit through its cgroup, or, in a container one of our units
+started, through the container's `modelwake.unit` label: Docker's containers are containerd's, outside
+the unit's cgroup (their cgroup names docker-<id>.scope), and without the label a running Docker
+service's own engine would count as foreign at its re-run. The label is set by the unit's own `docker
+run` / `podman run`, and the unit removes its container at every start and stop, so the unit stops what
+the label names. A holder whose unit is not the service's and not in the stop list is foreign, and the
+preflight fails rather than touch it. A holder in a container is named by its container too
+(containers.py), beside its host PID.
 """
 import os
 import pwd
@@ -72,6 +77,9 @@ def read_holders(reader, proc_root="/proc", list_containers=container_names.runt
         holder["gpus"][proc["index"]] = proc["used_memory_mib"]
     holders = container_names.attach_containers([by_pid[pid] for pid in sorted(by_pid)], proc_root, list_containers)
     for holder in holders:
+        started_by = (holder.get("container") or {}).get("unit")
+        if started_by:
+            holder["unit"] = unit_name(started_by)
         holder["label"] = holder_label(holder)
     return holders
 
