@@ -614,7 +614,7 @@ def containers_section(measured):
     summary, versions, deploys = measured["summary"], measured.get("versions", {}), measured.get("deploys", {})
     runtimes = [r for r in ("venv", "podman", "docker") if r in summary["runtimes"]]
     lines += ["`bench/run.py --only containers` (bench/containers.py), %s, on the 2-core development machine shared "
-              "with other jobs (the guest's load average after the runs: %s). One systemd-nspawn test host (`%s`, "
+              "with other jobs (load average %s after the runs). One systemd-nspawn test host (`%s`, "
               "kernel %s) with Podman (`%s`) and Docker (%s) from Debian 12's packages serves the same simulated "
               "engine (SGLang mode, `%s`, a 64 MiB model in 8 shards) as three catalog entries, each deployed by "
               "deploy-k26.yml with its own unit and port: the venv unit, `runtime: podman` and `runtime: docker`. "
@@ -642,9 +642,11 @@ def containers_section(measured):
         lines += ["Of that, the container's creation alone (`create` of the image with the unit's network and "
                   "cgroups options, then `rm --force`, %d times each after the rounds, without the unit): %s." % (
                       len(next(iter(creates.values()))["create_s"]["values"]),
-                      "; ".join("%s create %s s, rm %s s" % (runtime, _spread_words(creates[runtime]["create_s"]),
-                                                             _spread_words(creates[runtime]["remove_s"]))
-                                for runtime in ("podman", "docker") if runtime in creates)), ""]
+                      "; ".join("%s create %s s (against %s s added to ready), rm %s s" % (
+                          runtime, _spread_words(creates[runtime]["create_s"]),
+                          _num((added.get(runtime) or {}).get("active_s"), "%+.2f"),
+                          _spread_words(creates[runtime]["remove_s"]))
+                          for runtime in ("podman", "docker") if runtime in creates)), ""]
     if summary["left"]:
         lines += ["**Left behind or not started**: %s." % "; ".join(summary["left"]), ""]
     else:
@@ -669,8 +671,8 @@ def containers_section(measured):
         lines.append("")
     lines += ["What in these figures is the test host's, not a real host's: the storage driver is `vfs` (a guest's "
               "root is an overlayfs, on which overlay cannot mount), which copies the image's whole root filesystem "
-              "for every container at its creation, where a real host's overlay mounts the layers in milliseconds: "
-              "most of the time to the first line; Podman runs with `--cgroups=disabled` (the guest's cgroup v1 "
+              "for every container at its creation (the `create` above) and deletes that copy at its removal (the "
+              "stop's `rm`), where a real host's overlay mounts and unmounts the layers in milliseconds; Podman runs with `--cgroups=disabled` (the guest's cgroup v1 "
               "controllers are read-only; a real host uses `--cgroups=split`, which makes a sub-cgroup or two); Docker "
               "runs its containers through the guest's runc wrapper (a Python script before each runc call, runc "
               "`--rootless=true` without cgroups). The two images differ too: Podman's is the test hosts' whole root "

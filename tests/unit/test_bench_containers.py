@@ -117,8 +117,8 @@ def test_the_report_section_shows_each_runtime_the_difference_and_the_images():
     assert "| start → the engine's first line | +2.78 s | +1.38 s |" in text
     assert "| podman | 96.5 MiB (sim-image-1.oci.tar) |" in text and "| 2.1 | 9.4 | 48.2 |" in text
     assert "no stop left a container or an engine process" in text
-    assert ("podman create 2.30 (2.10–2.50) s, rm 1.00 (0.90–1.20) s; docker create 1.20 (1.10–1.30) s, "
-            "rm 0.40 (0.30–0.50) s.") in text
+    assert ("podman create 2.30 (2.10–2.50) s (against +2.80 s added to ready), rm 1.00 (0.90–1.20) s; "
+            "docker create 1.20 (1.10–1.30) s (against +1.80 s added to ready), rm 0.40 (0.30–0.50) s.") in text
     assert "podman version 4.3.1" in text and "vfs" in text and "--cgroups=disabled" in text
     assert report.container_headline(measured()) == ("podman +2.80 s to ready, +2.78 s to the engine's first line; "
                                                      "docker +1.80 s to ready, +1.38 s to the engine's first line")
