@@ -12,7 +12,8 @@ READY = "ready"
 MODULE_EXPECTS = {"normal": READY, "crash-loading": "failed", "hang-loading": "stalled", "hang-ready": "stalled"}
 EARLY_TOLERANCE = 0.5  # s: the ready line is stamped when read from the pipe, a little after the port opens
 # bench/run.py's steps, in the order it runs them (--only picks some).
-STEPS = ("scenarios", "cost", "stacks", "arrivals", "history", "throughput", "rerun", "fanout", "realvllm", "disk")
+STEPS = ("scenarios", "cost", "stacks", "arrivals", "history", "throughput", "rerun", "fanout", "containers", "realvllm",
+         "disk")
 
 
 def judge(scenario, approach, said, verdict_t, truth_t, msg=""):
@@ -246,6 +247,7 @@ def render(results, pictures):
     if fanout.get("status") != "measured":
         lines += ["Not measured%s: %s" % (" completely" if fanout.get("levels") else "",
                                           (fanout.get("why") or "step not run").strip()[-400:].replace("\n", " ")), ""]
+    lines += containers_section(results.get("containers"))
     lines += _disk_section(results.get("disk"))
     lines += ["## Targets", "", "| target | | measured |", "|---|---|---|"]
     missed = []
@@ -578,6 +580,106 @@ def _warm_ceiling(rows, model_bytes):
             "this CPU, the most any way of reading could reach here. Cold, the load phase took longer by: %s."
             % (_num(warm["weights_s"], "%.2f"), size(model_bytes / warm["weights_s"]), _share(warm["share"]),
                ", ".join(slower) or "–"), ""]
+
+
+CONTAINER_ROWS = (("first_line_s", "start → the engine's first line"),
+                  ("active_s", "start → active (a completion answered)"),
+                  ("stop_engine_s", "stop → the launcher's engine ended"),
+                  ("stop_s", "stop → inactive (the container removed)"))
+
+
+def _spread_words(figure):
+    """`1.42 (1.31–1.60)`: the median, then the least and the most of the runs."""
+    if figure["median"] is None:
+        return "–"
+    return "%.2f (%.2f–%.2f)" % (figure["median"], figure["min"], figure["max"])
+
+
+def container_headline(measured):
+    """The time a container start adds, in one line (docs/operating.md quotes it)."""
+    added = measured["summary"]["added"]
+    return "; ".join("%s +%s s to ready, +%s s to the engine's first line" % (
+        runtime, _num(added[runtime]["active_s"], "%.2f"), _num(added[runtime]["first_line_s"], "%.2f"))
+        for runtime in ("podman", "docker") if runtime in added)
+
+
+def containers_section(measured):
+    """bench/containers.py's step: the same simulated engine started as a venv unit, under Podman and under
+    Docker on one test host; what a container start adds, and what of it is the test host's."""
+    if not measured:
+        return []
+    lines = ["## The time a container start adds", ""]
+    if measured.get("status") != "measured":
+        return lines + ["Not measured: %s" % (measured.get("why") or "step not run").strip()[-400:].replace("\n", " "), ""]
+    summary, versions, deploys = measured["summary"], measured.get("versions", {}), measured.get("deploys", {})
+    runtimes = [r for r in ("venv", "podman", "docker") if r in summary["runtimes"]]
+    lines += ["`bench/run.py --only containers` (bench/containers.py), %s, on the 2-core development machine shared "
+              "with other jobs (load average %s after the runs). One systemd-nspawn test host (`%s`, "
+              "kernel %s) with Podman (`%s`) and Docker (%s) from Debian 12's packages serves the same simulated "
+              "engine (SGLang mode, `%s`, a 64 MiB model in 8 shards) as three catalog entries, each deployed by "
+              "deploy-k26.yml with its own unit and port: the venv unit, `runtime: podman` and `runtime: docker`. "
+              "Then, on the host (bench/container_probe.py), %d rounds of each unit in turn, the other two stopped: "
+              "`systemctl start`, then `systemctl stop`. The times come from systemd's own timestamps "
+              "(`ActiveEnterTimestampMonotonic`, `InactiveEnterTimestampMonotonic`) and the journal's (the engine's "
+              "first line, `server_args=`, which it prints as soon as its Python runs), in seconds from the command; "
+              "median (least–most) of the %d starts and stops:"
+              % (measured.get("date", "?"), " ".join(measured.get("load_average") or ["?"]), measured["guest"],
+                 versions.get("kernel", "?"), versions.get("podman", "?"), versions.get("docker", "?"),
+                 " ".join(measured.get("sim_args", [])), measured["rounds"], measured["rounds"]), "",
+              "| | %s |" % " | ".join(runtimes), "|---|%s" % ("---|" * len(runtimes))]
+    for metric, words in CONTAINER_ROWS:
+        lines.append("| %s | %s |" % (words, " | ".join(_spread_words(summary["runtimes"][r][metric]) for r in runtimes)))
+    added = summary["added"]
+    if added:
+        lines += ["", "**The time a container start adds** (its median less the venv's):", "",
+                  "| | %s |" % " | ".join(r for r in runtimes if r in added), "|---|%s" % ("---|" * len(added))]
+        for metric, words in CONTAINER_ROWS:
+            lines.append("| %s | %s |" % (words, " | ".join("%+.2f s" % added[r][metric] if added[r][metric] is not None
+                                                           else "–" for r in runtimes if r in added)))
+    lines += [""]
+    creates = summary.get("creates") or {}
+    if creates:
+        lines += ["Of that, the container's creation alone (`create` of the image with the unit's network and "
+                  "cgroups options, then `rm --force`, %d times each after the rounds, without the unit): %s." % (
+                      len(next(iter(creates.values()))["create_s"]["values"]),
+                      "; ".join("%s create %s s (against %s s added to ready), rm %s s" % (
+                          runtime, _spread_words(creates[runtime]["create_s"]),
+                          _num((added.get(runtime) or {}).get("active_s"), "%+.2f"),
+                          _spread_words(creates[runtime]["remove_s"]))
+                          for runtime in ("podman", "docker") if runtime in creates)), ""]
+    if summary["left"]:
+        lines += ["**Left behind or not started**: %s." % "; ".join(summary["left"]), ""]
+    else:
+        lines += ["Every start ended active, and no stop left a container or an engine process.", ""]
+    images = measured.get("images") or {}
+    if images:
+        lines += ["The images, each loaded once from its archive by the first deploy (inference_env's `%s load "
+                  "--input`, timed from the deploy's task events on the controller; the copy to the host is the "
+                  "task before it):" % "podman|docker", "",
+                  "| runtime | archive | image in the host's storage | copy to the host s | load s | first deploy s |",
+                  "|---|---|---|---|---|---|"]
+        for runtime in ("podman", "docker"):
+            if runtime not in images:
+                continue
+            image, deploy = images[runtime], deploys.get(runtime, {})
+            lines.append("| %s | %s (%s) | %s | %s | %s | %s |" % (
+                runtime, size(image["archive_bytes"]), os.path.basename(image["archive"]), size(image.get("bytes") or 0),
+                _num(deploy.get("copy_s")), _num(deploy.get("load_s")), _num(deploy.get("wall_s"))))
+        if "venv" in deploys:
+            lines += ["", "The venv entry's first deploy (its venv built from the simulator's wheels): %s s." % _num(
+                deploys["venv"].get("wall_s"))]
+        lines.append("")
+    lines += ["What in these figures is the test host's, not a real host's: the storage driver is `vfs` (a guest's "
+              "root is an overlayfs, on which overlay cannot mount), which copies the image's whole root filesystem "
+              "for every container at its creation (the `create` above) and deletes that copy at its removal (the "
+              "stop's `rm`), where a real host's overlay mounts and unmounts the layers in milliseconds; Podman runs with `--cgroups=disabled` (the guest's cgroup v1 "
+              "controllers are read-only; a real host uses `--cgroups=split`, which makes a sub-cgroup or two); Docker "
+              "runs its containers through the guest's runc wrapper (a Python script before each runc call, runc "
+              "`--rootless=true` without cgroups). The two images differ too: Podman's is the test hosts' whole root "
+              "filesystem plus the engine, Docker's the same slimmed to one layer (tests/helpers/docker_guest.py), so "
+              "each vfs copy is of the sizes above. No GPUs: a real host adds the NVIDIA Container Toolkit's hook (CDI "
+              "or `--gpus`) to each container start, and a real engine's start (minutes) dwarfs all of this.", ""]
+    return lines
 
 
 SIM_WORDS = ("--tp 8", "--shard-reads every-rank", "--load-rate-mib 1000000 (unpaced)")

@@ -5,6 +5,7 @@ import pytest
 
 from bench import report
 from tests.helpers.paths import ROOT
+from tests.unit.test_bench_containers import measured as containers_measured
 from tests.unit.test_bench_disk import _measured as disk_measured
 
 
@@ -148,6 +149,7 @@ def every_section():
                                               (0.75, 7.0, 5.0))]}
         for number in (1, 2, 3)]}
     data["disk"] = disk_measured()
+    data["containers"] = containers_measured()
     return data
 
 
