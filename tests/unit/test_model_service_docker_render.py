@@ -45,7 +45,7 @@ def test_the_launcher_runs_docker_as_its_engine_and_finds_the_container_by_its_n
     model = rendered["model"]
     assert docker[:docker.index(IMAGE_ID) + 1] == [
         "/usr/bin/docker", "run", "--rm", "--pull=never", "--name", "modelwake-vllm-dock",
-        "--init", "--network=host", "--log-driver=none",
+        "--init", "--network=host", "--ipc=host", "--log-driver=none",
         "--volume", "%s:%s:ro" % (model, model),
         "--volume", "/var/cache/modelwake/vllm-dock:/var/cache/modelwake/vllm-dock",
         "--workdir", "/var/cache/modelwake/vllm-dock",
@@ -53,6 +53,8 @@ def test_the_launcher_runs_docker_as_its_engine_and_finds_the_container_by_its_n
         "--env=NCCL_DEBUG", "--env=PYTHONUNBUFFERED", "--env=TORCHINDUCTOR_CACHE_DIR", "--env=TRITON_CACHE_DIR",
         "--env=VLLM_API_KEY", "--env=VLLM_CACHE_ROOT", "--env=VLLM_ENGINE_READY_TIMEOUT_S", "--env=XDG_CACHE_HOME",
         "--gpus=device=2", "--gpus=device=3", IMAGE_ID]
+    # The engine's processes share tensors through the host's /dev/shm, not a container's 64 MB one.
+    assert "--ipc=host" in docker[:docker.index(IMAGE_ID)]
     # The engine's own command follows the image, from the image's Python, not the host's venv.
     engine = docker[docker.index(IMAGE_ID) + 1:]
     assert engine[:5] == ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", model]

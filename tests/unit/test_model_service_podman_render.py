@@ -48,7 +48,7 @@ def test_the_launcher_runs_podman_as_its_engine_by_the_images_id(rendered):
     model = rendered["model"]
     assert podman[:podman.index(IMAGE_ID) + 1] == [
         "/usr/bin/podman", "run", "--rm", "--replace", "--pull=never", "--name", "modelwake-vllm-pod",
-        "--cgroups=split", "--sdnotify=ignore", "--init", "--network=host", "--log-driver=none",
+        "--cgroups=split", "--sdnotify=ignore", "--init", "--network=host", "--ipc=host", "--log-driver=none",
         "--volume", "%s:%s:ro" % (model, model),
         "--volume", "/var/cache/modelwake/vllm-pod:/var/cache/modelwake/vllm-pod",
         "--workdir", "/var/cache/modelwake/vllm-pod",
@@ -56,6 +56,8 @@ def test_the_launcher_runs_podman_as_its_engine_by_the_images_id(rendered):
         "--env=NCCL_DEBUG", "--env=PYTHONUNBUFFERED", "--env=TORCHINDUCTOR_CACHE_DIR", "--env=TRITON_CACHE_DIR",
         "--env=VLLM_API_KEY", "--env=VLLM_CACHE_ROOT", "--env=VLLM_ENGINE_READY_TIMEOUT_S", "--env=XDG_CACHE_HOME",
         "--device=nvidia.com/gpu=2", "--device=nvidia.com/gpu=3", IMAGE_ID]
+    # The engine's processes share tensors through the host's /dev/shm, not a container's 64 MB one.
+    assert "--ipc=host" in podman[:podman.index(IMAGE_ID)]
     # The engine's own command follows the image, from the image's Python, not the host's venv.
     engine = podman[podman.index(IMAGE_ID) + 1:]
     assert engine[:5] == ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", model]
