@@ -12,6 +12,8 @@ every fault case then breaks one thing on purpose and checks the verdict, its ev
   worker kill -9        the server exits 0, the unit comes back by itself, the wait reports the restart
   worker SIGSTOP        stalled after stall_timeout; /health still 200 when stopped after ready
   reboot mid-load       back and ready with no manual step; the re-run converges with changed=0
+  in a Podman image     the same venv in an image, deployed with runtime: podman onto the same unit: activating
+                        until a completion, ready, its host PIDs in the unit's cgroup (last: the unit stays on it)
 
 The cases run in file order, each from the state the previous one left: every real vLLM start costs
 about 40 s of both cores, so none is made that a case can share (the start systemd makes after the
@@ -29,11 +31,15 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 
 import pytest
+import yaml
 
 from tests.helpers import ROOT, until
 from tests.helpers.guesthost import RESTART_WAIT, GuestHost, Timed, report, verdict_msg, verdicts
+from tests.helpers.podman_guest import install_podman
+from tests.helpers.vllm_image import build_vllm_image
 from tools import vllm_cpu
 
 HOST = "vllm-cpu"  # the inventory's host name
@@ -175,7 +181,7 @@ def test_first_deploy_installs_offline_and_answers(guest):
 # The cases below run in this order on the one guest, each starting from the state the previous one
 # left (a restore costs a full vLLM start): ready -> SIGSTOP after ready -> kill -9 (systemd starts it
 # again) -> that start's worker SIGSTOPped -> reboot mid-load -> truncated shard -> config.json missing
-# -> port taken.
+# -> port taken. The container case comes last: it leaves the unit on the image.
 
 LOOKS = "/run/modelwake-test-looks.jsonl"  # the stopped-worker waits' looks (progress_path), for failures
 
@@ -343,3 +349,111 @@ def test_port_taken_by_another_process_fails(guest):
     assert "phase: failed" in flat, flat[-4000:]
     assert re.search(r"port %d is held by another process \(pid \d+, python3\)|Address already in use" % PORT,
                      flat), flat[-4000:]
+
+
+# --- the same vLLM in a container ------------------------------------------------------------------
+
+VENV = "/opt/modelwake/venv"
+
+
+class UnitWatch(object):
+    """systemd's view of the unit (InvocationID, ActiveState, StatusText), looked at every half second
+    from another thread while a deploy runs."""
+
+    def __init__(self, unit):
+        self.unit = unit
+        self.seen = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def look(self):
+        state = VM.show(self.unit, "InvocationID", "ActiveState", "StatusText")
+        self.seen.append((state["InvocationID"], state["ActiveState"], state["StatusText"]))
+        return state
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                self.look()
+            except (AssertionError, subprocess.SubprocessError, ValueError):
+                pass  # one look lost (the guest busy): the next one counts
+            self.stop.wait(0.5)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
+def test_the_same_vllm_in_a_podman_image_is_activating_until_a_completion_and_its_engine_in_the_units_cgroup(guest):
+    """The venv inference_env installed, put into an image of the test hosts' root filesystem at the same
+    path (tests/helpers/vllm_image.py), deployed by deploy-k26.yml with `runtime: podman` onto the same unit
+    and port: the handler's restart replaces the venv's engine with the container's (whatever state the
+    cases above left it in), and the same wait, smoke completion and launcher judge it."""
+    with timed("podman: install from the cached .debs"):
+        install_podman(guest.name)
+    with timed("podman: image built on the guest (venv appended to the root filesystem, import)"):
+        image_id = build_vllm_image(guest.name, VENV, TIMINGS)
+    with open(os.path.join(VM.inventory, "group_vars", "all", "models.yml")) as handle:
+        entry = yaml.safe_load(handle)["modelwake_models"]["tiny-llama"]
+    entry.update(runtime="podman", image_id=image_id)
+    extra = {"modelwake_models": {"tiny-llama": entry},
+             # The guests' cgroup v1 controllers are read-only: the unit's own cgroup (test_podman_guest.py).
+             "model_service_container_cgroups": "disabled",
+             # The image's venv (vllm-cpu has no working `vllm serve`: the API server's module, as for the venv).
+             "model_service_container_command": [VENV + "/bin/python", "-m", "vllm.entrypoints.openai.api_server"]}
+    with UnitWatch(UNIT) as watch:
+        with timed("podman: deploy onto the image (restart into the container + wait + smoke)"):
+            rc, out = guest.deploy(extra)
+        # The launcher says READY=1 after its own completion, a moment after the wait's.
+        until("the unit active", lambda: watch.look()["ActiveState"] != "activating", timeout=60)
+    assert rc == 0, out[-6000:]
+    flat = " ".join(out.split())
+    container = "modelwake-" + UNIT
+    assert on_guest("podman container inspect --format '{{.Image}}' %s" % container) == image_id[len("sha256:"):]
+
+    # systemd's side: the container's start activating, with the launcher's STATUS=, until a completion answered.
+    state = unit_state()
+    run = [(active, text) for invocation, active, text in watch.seen if invocation == state["InvocationID"]]
+    said = "\n".join("%s: %s" % look for look in run)
+    states = [active for active, _text in run]
+    assert "active" in states, said
+    ready = states.index("active")
+    assert ready > 0 and set(states[:ready]) == {"activating"} and set(states[ready:]) == {"active"}, said
+    assert re.match(r"ready in [\dhms]+$", run[ready][1]), said
+    assert [text for active, text in run[:ready] if re.match(r"(starting|loading|initializing)\b", text)], said
+    # The wait's verdict and the deploy's smoke completion, answered by the vLLM in the container.
+    seconds, phases = report(out, UNIT)
+    assert phases[-1] == "ready", phases
+    smoke = re.search(r'"2\+2=" -> "([^"]*)" in (\d+) ms', flat)
+    assert smoke and smoke.group(1), flat[-3000:]
+    TIMINGS["podman: first start in the container, ready after (s)"] = seconds
+    TIMINGS["venv: first start, ready after (s)"] = report(guest.first, UNIT)[0]
+    TIMINGS["podman: phases the wait saw"] = " -> ".join(phases)
+
+    # vLLM's own lines (through podman's attached output and the launcher) in this start's journal.
+    journal = on_guest("journalctl _SYSTEMD_INVOCATION_ID=%s -o short-monotonic --no-pager" % state["InvocationID"])
+    # (Before vLLM's first line: podman's creation of the container, a copy of the whole image on vfs.)
+    start = int(VM.show(UNIT, "ExecMainStartTimestampMonotonic")["ExecMainStartTimestampMonotonic"]) / 1e6
+    first = re.search(r"^\[\s*([\d.]+)\] .* INFO \d\d-\d\d ", journal, re.M)
+    if first:
+        TIMINGS["podman: vLLM's first line, s after the unit's start"] = round(float(first.group(1)) - start, 1)
+    lines = []
+    for line in journal.splitlines():
+        match = re.match(r"^\[\s*([\d.]+)\] \S+ \S+: (.*)$", line)
+        if match and "Route:" not in line:
+            lines.append("%6.1f  %s" % (float(match.group(1)) - start, match.group(2)[:160]))
+    print("\nthe container's start, its journal (s since ExecMainStart):\n" + "\n".join(lines))
+    assert "Starting to load model" in journal and "Application startup complete" in journal, journal[-4000:]
+    assert re.search(r"modelwake: ready in [\dhms]+ \(ready after \d+ s: a completion for model", journal), journal[-4000:]
+
+    # The engine's processes, by their host PIDs, in the unit's cgroup, and in the container's PID namespace.
+    procs = on_guest("cat /sys/fs/cgroup/systemd%s/cgroup.procs" % VM.show(UNIT, "ControlGroup")["ControlGroup"]).split()
+    engine = [on_guest("pgrep -o '^VLLM::EngineCor'"), worker_pid()]
+    assert all(engine) and set(engine) <= set(procs), (engine, procs)
+    init = on_guest("podman container inspect --format '{{.State.Pid}}' %s" % container)
+    namespaces = {pid: on_guest("readlink /proc/%s/ns/pid" % pid) for pid in engine + [init, "1"]}
+    assert namespaces[engine[0]] == namespaces[engine[1]] == namespaces[init] != namespaces["1"], namespaces

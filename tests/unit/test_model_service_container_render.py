@@ -32,7 +32,7 @@ def podman_argv(model):
     return [
         "/usr/bin/podman", "run", "--rm", "--replace", "--pull=never", "--name", "modelwake-vllm-pod",
         "--label=modelwake.unit=vllm-pod.service",
-        "--cgroups=split", "--sdnotify=ignore", "--init", "--network=host", "--log-driver=none",
+        "--cgroups=split", "--sdnotify=ignore", "--init", "--network=host", "--ipc=host", "--log-driver=none",
         "--volume", "%s:%s:ro" % (model, model),
         "--volume", "/var/cache/modelwake/vllm-pod:/var/cache/modelwake/vllm-pod",
         "--workdir", "/var/cache/modelwake/vllm-pod",
@@ -47,7 +47,7 @@ def docker_argv(model):
     return [
         "/usr/bin/docker", "run", "--rm", "--pull=never", "--name", "modelwake-vllm-dock",
         "--label=modelwake.unit=vllm-dock.service",
-        "--init", "--network=host", "--log-driver=none",
+        "--init", "--network=host", "--ipc=host", "--log-driver=none",
         "--volume", "%s:%s:ro" % (model, model),
         "--volume", "/var/cache/modelwake/vllm-dock:/var/cache/modelwake/vllm-dock",
         "--workdir", "/var/cache/modelwake/vllm-dock",
@@ -112,6 +112,8 @@ def test_the_launcher_runs_the_runtime_as_its_engine_by_the_images_id(rendered):
     runtime = argv[argv.index("--") + 1:]
     model = rendered["model"]
     assert runtime[:runtime.index(IMAGE_ID) + 1] == ENGINE_ARGV[rendered["runtime"]](model)
+    # The engine's processes share tensors through the host's /dev/shm, not a container's 64 MB one.
+    assert "--ipc=host" in runtime[:runtime.index(IMAGE_ID)]
     # The engine's own command follows the image, from the image's Python, not the host's venv.
     engine = runtime[runtime.index(IMAGE_ID) + 1:]
     assert engine[:5] == ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", model]
