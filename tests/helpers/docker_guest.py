@@ -10,9 +10,10 @@ controllers are read-only, and runc, as root, fails creating the container's cgr
 Docker's default runtime on the guest only, runs runc as rootless runc does (`--rootless=true`: it then
 passes over the cgroups it cannot create) with the container's cgroup path and limits removed, and without
 a session keyring per container (the guest may not create one). runc still puts the container in a
-name=systemd cgroup of its own (below containerd.service), as on a real host. dockerd picks the vfs storage
-driver itself (a guest's root is an overlayfs, on which overlay2 cannot mount); the network is the host's,
-so neither a bridge nor iptables rules are made.
+name=systemd cgroup of its own (below containerd.service), as on a real host. Docker's storage is overlay2 on
+a directory of this machine's own filesystem, which tools/testhosts binds at /var/lib/docker (on the guest's
+overlayfs root dockerd would fall back to vfs, which copies a whole image for each container); the network
+is the host's, so neither a bridge nor iptables rules are made.
 """
 import hashlib
 import io
@@ -35,7 +36,7 @@ SLIMMED = tuple("./" + path for path in ("usr/share/locale/", "usr/share/doc/", 
                                           "usr/share/perl", "usr/share/python-wheels/", "usr/lib/python3/",
                                           "usr/lib/systemd/", "var/lib/dpkg/", "var/lib/apt/", "var/cache/"))
 RUNC_WRAPPER = "/usr/local/sbin/runc-testhost"
-DAEMON_JSON = json.dumps({"storage-driver": "vfs", "iptables": False, "bridge": "none",
+DAEMON_JSON = json.dumps({"storage-driver": "overlay2", "iptables": False, "bridge": "none",
                           "runtimes": {"runc-testhost": {"path": RUNC_WRAPPER}}, "default-runtime": "runc-testhost"})
 RUNC_WRAPPER_SCRIPT = '''#!/usr/bin/python3
 """runc for a test host whose cgroup v1 controllers are read-only (tests/helpers/docker_guest.py)."""
@@ -70,8 +71,7 @@ def install_docker(guest):
 def image_tar(path):
     """Write the image's one layer to `path`: the test hosts' root filesystem without what the simulated engine
     never reads (its Python's standard library and shared libraries stay), plus the engine in the site
-    directory. Docker's vfs driver copies a whole layer at each load and at each container's creation: one
-    slim layer keeps the deploy and each start short."""
+    directory. One slim layer keeps the archive and its load short."""
     tool = _testhosts()
     tar_bytes, _digest = sim_tar()
     with tarfile.open(tool.build(), "r:gz") as rootfs, tarfile.open(path, "w") as out:

@@ -7,9 +7,10 @@ imported, plus the simulated engine's package in its Python's site directory: bu
 saved as an OCI archive under MODELWAKE_CACHE and keyed by the root filesystem and the engine's files,
 so later runs only load it (as an air-gapped host does, through inference_env_container_image_archive).
 
-What the guests need that a real host does not (docs/operating.md, "Containers"): the vfs storage driver
-(a guest's root is an overlayfs, on which Podman's overlay cannot mount, and there is no /dev/fuse for
-fuse-overlayfs), no session keyring per container (the guest may not create one), and
+What the guests need that a real host does not (docs/operating.md, "Containers"): Podman's storage on a
+directory of this machine's own filesystem, which tools/testhosts binds at /var/lib/containers (a guest's
+root is an overlayfs, on which Podman's overlay cannot mount: it would fall back to vfs, which copies the
+image's every file for each container), no session keyring per container (the guest may not create one), and
 --cgroups=disabled (the guest's cgroup v1 controllers are read-only): the container's processes then stay
 in the unit's own cgroup, as --cgroups=split keeps them in sub-cgroups of it on a cgroup v2 host.
 """
@@ -35,7 +36,7 @@ IMAGE_RECIPE = "1"
 IMAGE_NAME = "localhost/modelwake-sim"
 SITE = "/usr/local/lib/python3.11/dist-packages/"
 CONTAINERFILE = "FROM localhost/modelwake-testhost-base\nADD sim.tar %s\n" % SITE
-STORAGE_CONF = '[storage]\ndriver = "vfs"\nrunroot = "/run/containers/storage"\ngraphroot = "/var/lib/containers/storage"\n'
+STORAGE_CONF = '[storage]\ndriver = "overlay"\nrunroot = "/run/containers/storage"\ngraphroot = "/var/lib/containers/storage"\n'
 CONTAINERS_CONF = "[containers]\nkeyring = false\n"
 
 

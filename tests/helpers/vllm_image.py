@@ -6,11 +6,12 @@ to the root filesystem's /usr/bin/python3.11), and libnuma.so.1, which vLLM's CP
 got from its package. No registry and nothing run during the build: the guest's venv is appended to the root
 filesystem's tar, which `podman import` makes one layer.
 
-Why one imported layer and not `podman build` with FROM and COPY: the guests' storage is vfs, which copies
-every layer whole, and the venv is 3.5 GB. A build copies it into its working container, then tars, hashes
-and copies it again when it commits (measured: 197 s on the 2-core test machine); the import writes it once
-and hashes it (78 s). Every container's creation copies the image once more (22 to 89 s of the first start
-here, by the machine's load; nothing on a host with overlay storage). Each step's time goes into `timings`.
+Why one imported layer and not `podman build` with FROM and COPY: the venv is 3.5 GB, and a build copies it
+into its working container, then tars, hashes and writes it again when it commits (measured with the vfs
+driver the guests first had: 197 s on the 2-core test machine); the import writes it once and hashes it (78 s).
+With vfs every container's creation copied the image once more (22 to 89 s of the first start); the guests'
+container storage is overlay now (tools/testhosts binds it from this machine's filesystem), which copies
+nothing. Each step's time goes into `timings`.
 """
 import os
 import time
