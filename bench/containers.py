@@ -165,7 +165,9 @@ def measure(work, rounds=ROUNDS, guest=GUEST):
         timings["install podman and docker"] = round(time.monotonic() - mark, 1)
         result["versions"] = {"podman": guest_sh(guest, "podman --version"),
                               "docker": guest_sh(guest, "docker version --format '{{.Server.Version}}'"),
-                              "kernel": guest_sh(guest, "uname -r")}
+                              "kernel": guest_sh(guest, "uname -r"),
+                              "podman storage": guest_sh(guest, "podman info --format '{{.Store.GraphDriverName}}'"),
+                              "docker storage": guest_sh(guest, "docker info --format '{{.Driver}}'")}
         inventory = _write_inventory(os.path.join(work, "containers-hosts.json"), guest, {})
         rc, text, _objects = _play(inventory, "playbooks/demo-model.yml")
         if rc != 0:

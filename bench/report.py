@@ -669,15 +669,22 @@ def containers_section(measured):
             lines += ["", "The venv entry's first deploy (its venv built from the simulator's wheels): %s s." % _num(
                 deploys["venv"].get("wall_s"))]
         lines.append("")
-    lines += ["What in these figures is the test host's, not a real host's: the storage driver is `vfs` (a guest's "
-              "root is an overlayfs, on which overlay cannot mount), which copies the image's whole root filesystem "
-              "for every container at its creation (the `create` above) and deletes that copy at its removal (the "
-              "stop's `rm`), where a real host's overlay mounts and unmounts the layers in milliseconds; Podman runs with `--cgroups=disabled` (the guest's cgroup v1 "
+    drivers = (versions.get("podman storage", "?"), versions.get("docker storage", "?"))
+    if "vfs" in drivers:
+        storage = ("the storage drivers are Podman's `%s` and Docker's `%s`: `vfs` copies the image's whole root "
+                   "filesystem for every container at its creation (the `create` above) and deletes that copy at its "
+                   "removal (the stop's `rm`), where a real host's overlay mounts and unmounts the layers in "
+                   "milliseconds" % drivers)
+    else:
+        storage = ("the storage drivers are Podman's `%s` and Docker's `%s`, as on a real host, on a directory of the "
+                   "test machine's ext4 bound into the guest (tools/testhosts: on the guest's overlayfs root they would "
+                   "fall back to `vfs`, which copies the image's whole root filesystem for every container)" % drivers)
+    lines += ["What in these figures is the test host's, not a real host's: " + storage + "; Podman runs with "
+              "`--cgroups=disabled` (the guest's cgroup v1 "
               "controllers are read-only; a real host uses `--cgroups=split`, which makes a sub-cgroup or two); Docker "
               "runs its containers through the guest's runc wrapper (a Python script before each runc call, runc "
               "`--rootless=true` without cgroups). The two images differ too: Podman's is the test hosts' whole root "
-              "filesystem plus the engine, Docker's the same slimmed to one layer (tests/helpers/docker_guest.py), so "
-              "each vfs copy is of the sizes above. No GPUs: a real host adds the NVIDIA Container Toolkit's hook (CDI "
+              "filesystem plus the engine, Docker's the same slimmed to one layer (tests/helpers/docker_guest.py). No GPUs: a real host adds the NVIDIA Container Toolkit's hook (CDI "
               "or `--gpus`) to each container start, and a real engine's start (minutes) dwarfs all of this.", ""]
     return lines
 

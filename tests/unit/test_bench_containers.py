@@ -98,7 +98,8 @@ def test_the_summary_names_a_start_that_failed_and_a_stop_that_left_something():
 def measured():
     return {"status": "measured", "guest": "bench-ctr", "rounds": 3, "date": "2026-12-05",
             "sim_args": containers.SIM_ARGS, "load_average": ["2.10", "1.90", "1.70"],
-            "versions": {"podman": "podman version 4.3.1", "docker": "20.10.24+dfsg1", "kernel": "6.1.0"},
+            "versions": {"podman": "podman version 4.3.1", "docker": "20.10.24+dfsg1", "kernel": "6.1.0",
+                         "podman storage": "overlay", "docker storage": "overlay2"},
             "images": {"podman": {"archive": "/c/sim-image-1.oci.tar", "archive_bytes": 101233152, "bytes": 257000000,
                                   "id": "sha256:ab"},
                        "docker": {"archive": "/c/sim-image-2.docker.tar.gz", "archive_bytes": 59825809,
@@ -119,7 +120,13 @@ def test_the_report_section_shows_each_runtime_the_difference_and_the_images():
     assert "no stop left a container or an engine process" in text
     assert ("podman create 2.30 (2.10–2.50) s (against +2.80 s added to ready), rm 1.00 (0.90–1.20) s; "
             "docker create 1.20 (1.10–1.30) s (against +1.80 s added to ready), rm 0.40 (0.30–0.50) s.") in text
-    assert "podman version 4.3.1" in text and "vfs" in text and "--cgroups=disabled" in text
+    assert "podman version 4.3.1" in text and "--cgroups=disabled" in text
+    # The storage drivers as measured: overlay as on a real host, or vfs and what it copies.
+    assert "Podman's `overlay` and Docker's `overlay2`, as on a real host" in text
+    vfs = measured()
+    vfs["versions"].update({"podman storage": "vfs", "docker storage": "vfs"})
+    assert "`vfs` copies the image's whole root filesystem for every container" in "\n".join(
+        report.containers_section(vfs))
     assert report.container_headline(measured()) == ("podman +2.80 s to ready, +2.78 s to the engine's first line; "
                                                      "docker +1.80 s to ready, +1.38 s to the engine's first line")
 

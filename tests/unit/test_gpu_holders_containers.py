@@ -158,8 +158,7 @@ def executable(tmp_path, name, script="#!/bin/sh\nexit 1\n"):
     return str(path)
 
 
-INSPECT = ["inspect", "--type", "container", "--format",
-           '{{.Id}} {{.State.Pid}} {{.Name}} {{index .Config.Labels "modelwake.unit"}}']
+INSPECT = ["inspect", "--type", "container", "--format", "{{.Id}} {{.State.Pid}} {{.Name}} {{json .Config.Labels}}"]
 
 
 def test_parse_docker_inspect_lines():
@@ -168,8 +167,11 @@ def test_parse_docker_inspect_lines():
                                                      {"id": ID_B, "name": "modelwake-sglang-dock", "pid": 0,
                                                       "unit": None}]
     assert containers.parse_docker_inspect("") == [] and containers.parse_docker_inspect(None) == []
-    labelled = "%s 77 /modelwake-sglang-k26 sglang-k26.service\n" % ID_B
+    labelled = '%s 77 /modelwake-sglang-k26 {"modelwake.unit":"sglang-k26.service","note":"a b"}\n' % ID_B
     assert containers.parse_docker_inspect(labelled)[0]["unit"] == "sglang-k26.service"
+    # A container without labels (null), or with others only.
+    assert containers.parse_docker_inspect("%s 77 /x null\n%s 78 /y {\"a\":\"b\"}\n" % (ID_A, ID_B)) == [
+        {"id": ID_A, "name": "x", "pid": 77, "unit": None}, {"id": ID_B, "name": "y", "pid": 78, "unit": None}]
 
 
 def test_docker_containers_lists_the_running_ones_then_inspects_them_for_names_and_host_pids(tmp_path):
@@ -267,9 +269,9 @@ def test_a_units_own_docker_container_is_its_units_by_the_label(tmp_path):
         with_namespace(proc, pid, "pid:[%d]" % pid)
     docker = executable(tmp_path, "docker")
     run = ScriptedDocker((0, "%s\n%s\n%s\n" % (ID_A, ID_B, "d" * 64)),
-                         (0, "%s 5000 /modelwake-sglang-k26 sglang-k26.service\n"
-                             "%s 6000 /modelwake-sglang-other sglang-other.service\n"
-                             "%s 7000 /by-hand \n" % (ID_A, ID_B, "d" * 64)))
+                         (0, '%s 5000 /modelwake-sglang-k26 {"modelwake.unit":"sglang-k26.service"}\n'
+                             '%s 6000 /modelwake-sglang-other {"modelwake.unit":"sglang-other.service"}\n'
+                             '%s 7000 /by-hand null\n' % (ID_A, ID_B, "d" * 64)))
     result = holders.survey(needed=[0], service_unit="sglang-k26", stop_units=["sglang-other"],
                             reader=GpuReader(nvml=nvml), proc_root=str(proc),
                             list_containers=lambda: containers.docker_containers(docker, run))

@@ -88,19 +88,25 @@ def podman_containers(podman=PODMAN):
     return containers
 
 
-DOCKER_INSPECT_FORMAT = '{{.Id}} {{.State.Pid}} {{.Name}} {{index .Config.Labels "%s"}}' % UNIT_LABEL
+# The labels as JSON: `index` on a container without labels (null) fails the whole inspect ("index of untyped
+# nil"), as Docker's templates work on the decoded JSON.
+DOCKER_INSPECT_FORMAT = "{{.Id}} {{.State.Pid}} {{.Name}} {{json .Config.Labels}}"
 
 
 def parse_docker_inspect(text):
     """[{id, name, pid, unit}] from `docker inspect --format DOCKER_INSPECT_FORMAT` (one line each; Docker's
-    name has a leading '/'; the label is empty on a container without it)."""
+    name has a leading '/'; the labels are JSON, `null` on a container without any)."""
     containers = []
     for line in (text or "").splitlines():
-        words = line.split()
-        if len(words) not in (3, 4) or not words[1].isdigit():
+        words = line.split(" ", 3)
+        if len(words) < 3 or not words[1].isdigit():
             continue
-        containers.append({"id": words[0], "name": words[2].lstrip("/") or None, "pid": int(words[1]),
-                           "unit": words[3] if len(words) == 4 else None})
+        try:
+            labels = json.loads(words[3]) if len(words) == 4 else None
+        except ValueError:
+            labels = None
+        containers.append({"id": words[0], "name": words[2].strip().lstrip("/") or None, "pid": int(words[1]),
+                           "unit": labels.get(UNIT_LABEL) if isinstance(labels, dict) else None})
     return containers
 
 
