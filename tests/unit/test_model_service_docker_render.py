@@ -48,7 +48,7 @@ def test_the_launcher_runs_docker_as_its_engine_and_finds_the_container_by_its_n
         "--init", "--network=host", "--log-driver=none",
         "--volume", "%s:%s:ro" % (model, model),
         "--volume", "/var/cache/modelwake/vllm-dock:/var/cache/modelwake/vllm-dock",
-        "--workdir", "/var/cache/modelwake/vllm-dock",
+        "--workdir", "/var/cache/modelwake/vllm-dock", "--user=modelwake:0",
         "--env=CUDA_DEVICE_ORDER", "--env=DG_JIT_CACHE_DIR", "--env=FLASHINFER_WORKSPACE_BASE", "--env=HOME",
         "--env=NCCL_DEBUG", "--env=PYTHONUNBUFFERED", "--env=TORCHINDUCTOR_CACHE_DIR", "--env=TRITON_CACHE_DIR",
         "--env=VLLM_API_KEY", "--env=VLLM_CACHE_ROOT", "--env=VLLM_ENGINE_READY_TIMEOUT_S", "--env=XDG_CACHE_HOME",
