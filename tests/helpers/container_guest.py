@@ -83,6 +83,26 @@ class ContainerGuest(object):
         assert "held by another process" not in journal
         assert "load" in journal.lower(), journal[-3000:]
         assert self.containers() == [self.container] and self.container_id() != old_container
+        self.engine_runs_as_the_service_user()
+
+    def engine_runs_as_the_service_user(self, user="modelwake"):
+        """The engine's host processes run as the service user (model_service_container_user service), not as the
+        image's root, and what it writes in its HOME, the mounted cache directory, is that user's: after a
+        restart too (a root unit's CacheDirectory= would be root's again at every start: the unit has none)."""
+        uid = self.sh("id -u %s" % user)
+        # The engine's own processes (the image's python3), not the podman or docker client whose command line
+        # also names the simulator.
+        engine = self.sh("pgrep -f '^python3 -m modelwake_sim serve'").split()
+        assert engine, self.sh("ps -eo pid,uid,args")
+        assert {self.sh("ps -o uid= -p %s" % pid).strip() for pid in engine} == {uid}, self.sh("ps -eo pid,uid,args")
+        cache = "/var/cache/modelwake/%s" % self.unit
+        written = cache + "/modelwake-user-check"
+        self.sh("%s exec %s sh -c 'touch \"$HOME/modelwake-user-check\"'" % (self.runtime, self.container))
+        try:
+            assert self.sh("stat -c %%U %s" % written) == user
+            assert self.sh("find %s ! -user %s" % (cache, user)) == ""
+        finally:
+            self.sh("rm -f %s" % written, check=False)
 
     def a_failed_image_upgrade_is_rolled_back(self, guest, broken_image):
         """Deploy an image derived from the deployed one (`broken_image(name, base ID)` -> its ID, built on the

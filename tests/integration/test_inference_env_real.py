@@ -12,70 +12,22 @@ and copied for each run. The role's runs themselves reach no index.
 """
 import os
 import shutil
-import subprocess
-import sys
-import time
 
 import pytest
 
 from tests.helpers import envkit
+from tests.helpers.realwheels import NVFP4, TORCH, cached, timed, wheelhouse
 from tools import sim_wheels
 
 pytestmark = pytest.mark.slow
-
-CACHE = os.path.join(os.environ.get("MODELWAKE_CACHE") or os.path.expanduser("~/.cache/modelwake"), "inference_env")
-TORCH = "2.13.0"
-NVFP4 = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
-         "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float"}}}}
-# Installed in the starting venv: what the K2.6 engine venv had, plus psutil, which 0.15.0.1 imports
-# without declaring it (its setup.py) and which engine venvs carry anyway.
-START = ["torch==%s" % TORCH, "compressed-tensors==0.8.1", "psutil"]
-
-
-def timed(label, timings, func, *args):
-    started = time.monotonic()
-    value = func(*args)
-    timings[label] = round(time.monotonic() - started, 1)
-    return value
-
-
-def _download(dest):
-    """Real wheels for both releases and their dependencies, with torch held at 2.13.0."""
-    partial = dest + ".partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    for spec in ("compressed-tensors==0.15.0.1", "compressed-tensors==0.8.1"):
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--dest", partial, spec,
-                        "torch==%s" % TORCH, "psutil"], check=True)
-    os.rename(partial, dest)
-
-
-def _template_venv(wheels, dest):
-    partial = dest + ".partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    envkit.make_venv(partial, wheels, START, compile_bytecode=False)
-    # A venv finds its packages relative to its pyvenv.cfg, so `bin/python -m pip` works after a move.
-    os.rename(partial, dest)
 
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
     timings = {}
-    wheels = os.path.join(CACHE, "real-wheels")
-    template = os.path.join(CACHE, "real-venv-torch-%s" % TORCH)
-    os.makedirs(CACHE, exist_ok=True)
-    if not os.path.isdir(wheels):
-        timed("download wheels (first time, index)", timings, _download, wheels)
-    if not os.path.isdir(template):
-        timed("build torch venv (first time, offline)", timings, _template_venv, wheels, template)
+    _wheels, template = cached(timings)
     base = tmp_path_factory.mktemp("real")
-    # The role's wheelhouse holds only what the upgrade needs: both compressed-tensors releases and
-    # loguru (torch stays where it is, so it need not be shipped).
-    house = str(base / "wheelhouse")
-    os.makedirs(house)
-    for pattern in ("compressed_tensors-", "loguru-"):
-        for name in os.listdir(wheels):
-            if name.startswith(pattern):
-                shutil.copy(os.path.join(wheels, name), house)
+    house = wheelhouse(str(base / "wheelhouse"))
     venv = str(base / "venv")
     timed("copy the torch venv", timings, shutil.copytree, template, venv, True)
     return {"base": base, "venv": venv, "house": house, "timings": timings}

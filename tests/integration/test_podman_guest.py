@@ -8,19 +8,23 @@ completion answers; a re-run changes nothing and keeps the same container; an im
 fails is rolled back to the previous image ID; GPU holders in containers are named by container beside their
 host PID, stopped through their unit when it may be stopped, refused otherwise; an engine that crashes in the
 container ends the deploy failed with its own error, and its stops leave no container behind; one that hangs
-is stalled with the ranks' stacks, read by py-spy from the host. The guest is destroyed afterwards, also when
-a test fails.
+is stalled with the ranks' stacks, read by py-spy from the host. An image whose compressed-tensors lacks the
+model's format gets a thin derived image from inference_env (found again by its labels; a failed repair leaves
+nothing). The guest is destroyed afterwards, also when a test fails.
 """
 import json
 import os
 import re
 import shutil
+import subprocess
 import time
 
 import pytest
 
 from tests.helpers.container_guest import FAST, OOM, ContainerGuest, play
-from tests.helpers.guesthost import host_tool, verdict_msg, verdicts
+from tests.helpers import realwheels
+from tests.helpers.guesthost import guest_sh, host_tool, verdict_msg, verdicts
+from tests.helpers.paths import TESTHOSTS
 from tests.helpers.podman_guest import broken_image, install_podman, sim_image
 
 VM = ContainerGuest("mwp-%d" % (os.getpid() % 100000), "pod", "sglang-pod", "podman", port=30011)
@@ -173,3 +177,121 @@ def test_a_crash_in_the_container_fails_the_deploy_with_its_cause_and_leaves_no_
     assert show("ActiveState")["ActiveState"] in ("failed", "inactive")
     assert containers() == []
 
+
+
+# The compressed-tensors repair as a thin derived image (roles/inference_env/tasks/image_repair.yml): the image
+# holds the K2.6 engine's situation (torch 2.13.0 CPU and compressed-tensors 0.8.1, the cached venv of
+# tests/helpers/realwheels.py copied in at one path), the model's config.json needs nvfp4-pack-quantized. No
+# engine is started from it (it has none): the repair is checked on the image itself.
+CT_VENV = "/opt/" + os.path.basename(realwheels.TEMPLATE_VENV)
+CT_MODEL = "/srv/models/ct-nvfp4"
+REPAIR_PLAY = """
+- name: The inference_env role's image steps (no venv, no engine)
+  hosts: model_hosts
+  gather_facts: false
+  tasks:
+    - name: Validate and derive the compressed-tensors requirement
+      ansible.builtin.include_role: {name: inference_env, tasks_from: preflight.yml}
+    - name: Put the image on the host
+      ansible.builtin.include_role: {name: inference_env, tasks_from: image.yml}
+    - name: Repair the image
+      ansible.builtin.include_role: {name: inference_env, tasks_from: image_repair.yml}
+    - name: Show the image the service would run
+      ansible.builtin.debug:
+        msg: "service image {{ inference_env_container_image_found }}"
+"""
+
+
+def ct_image(base_id, timings):
+    """The ID of an image made on the guest from `base_id`'s files with the torch venv at CT_VENV: imported as one
+    layer from the base's mounted root and the venv (with vfs, a build's container would copy the base first)."""
+    _wheels, template = realwheels.cached(timings)
+    work = "/root/ct-image"
+    mark = time.monotonic()
+    on_guest("mkdir -p %s" % work)
+    with subprocess.Popen(["tar", "-C", os.path.dirname(template), "-cf", "-", os.path.basename(template)],
+                          stdout=subprocess.PIPE) as tar:
+        subprocess.run([TESTHOSTS, "ssh", GUEST, "tar -x -C %s" % work], stdin=tar.stdout, check=True, timeout=600)
+    timings["push the torch venv"] = round(time.monotonic() - mark, 1)
+    mark = time.monotonic()
+    root = on_guest("podman image mount %s" % base_id)
+    try:
+        guest_sh(GUEST, "tar -cf - -C %s . -C %s --transform 's,^%s,opt/%s,' %s | podman import --quiet - "
+                        "localhost/ct-old >/dev/null" % (root, work, os.path.basename(template),
+                                                        os.path.basename(template), os.path.basename(template)),
+                 timeout=600)
+    finally:
+        on_guest("podman image unmount %s >/dev/null; rm -rf %s" % (base_id, work), check=False)
+    timings["make the image"] = round(time.monotonic() - mark, 1)
+    return "sha256:" + on_guest("podman image inspect --format '{{.Id}}' localhost/ct-old")
+
+
+def derived_images(base_id):
+    return on_guest("podman images --no-trunc --quiet --filter label=io.modelwake.repair.base=%s" % base_id).split()
+
+
+def test_the_compressed_tensors_repair_is_a_thin_derived_image_found_again_and_a_failed_one_leaves_nothing(
+        guest, tmp_path):
+    timings = guest["timings"]
+    image = ct_image(guest["image_id"], timings)
+    guest_sh(GUEST, "mkdir -p %s && cat > %s/config.json" % (CT_MODEL, CT_MODEL),
+             stdin=json.dumps({"architectures": ["DeepseekV3ForCausalLM"], "quantization_config": realwheels.NVFP4}))
+    playbook = str(tmp_path / "repair.yml")
+    with open(playbook, "w") as handle:
+        handle.write(REPAIR_PLAY)
+    base_vars = {"inference_env_runtime": "podman", "inference_env_container_image_id": image,
+                 "inference_env_container_image_archive": "", "inference_env_container_python": CT_VENV + "/bin/python",
+                 # The guests' cgroup controllers are read-only.
+                 "inference_env_container_run_args": ["--cgroups=disabled"],
+                 "inference_env_model_path": CT_MODEL, "inference_env_engine_version": "0.1.0"}
+    images_before = on_guest("podman images --all --quiet --no-trunc | sort")
+
+    # A wheelhouse without the release: the play fails with pip's cause, and the host is as it was.
+    lacking = realwheels.wheelhouse(str(tmp_path / "lacking"), patterns=("loguru-",))
+    mark = time.monotonic()
+    rc, out = play(guest, playbook, dict(base_vars, inference_env_wheelhouse=lacking,
+                                         inference_env_stage_dir="/var/cache/modelwake/ct-lacking"))
+    timings["failed repair"] = round(time.monotonic() - mark, 1)
+    flat = " ".join(out.split())
+    assert rc != 0, flat[-5000:]
+    assert "the compressed-tensors repair of the image %s failed, nothing was left on the host" % image in flat, flat[-5000:]
+    assert "pip install compressed-tensors>=0.10.0 failed in the image" in flat, flat[-5000:]
+    assert "No matching distribution found for compressed-tensors>=0.10.0" in flat, flat[-5000:]
+    assert on_guest("podman ps --all --quiet --filter name=modelwake-repair") == "" and derived_images(image) == []
+    assert on_guest("podman images --all --quiet --no-trunc | sort") == images_before
+
+    # The full wheelhouse: a derived image with 0.15.0.1, torch as it was, the base's entry point kept.
+    house = realwheels.wheelhouse(str(tmp_path / "house"))
+    repair_vars = dict(base_vars, inference_env_wheelhouse=house, inference_env_stage_dir="/var/cache/modelwake/ct")
+    mark = time.monotonic()
+    rc, out = play(guest, playbook, repair_vars)
+    timings["repair"] = round(time.monotonic() - mark, 1)
+    assert rc == 0, out[-5000:]
+    derived = derived_images(image)
+    assert len(derived) == 1 and derived[0] != image, derived
+    assert "service image %s" % derived[0] in out, out[-5000:]
+    assert on_guest("podman ps --all --quiet --filter name=modelwake-repair") == ""
+    config = "'{{json .Config.Entrypoint}} {{json .Config.Cmd}} {{index .Config.Labels \"io.modelwake.repair.spec\"}}'"
+    # (An empty entry point or command reads null or [], as the runtime writes it.)
+    base_entry = on_guest("podman image inspect --format %s %s" % (config, image)).replace("null", "[]").split()
+    derived_entry = on_guest("podman image inspect --format %s %s" % (config, derived[0])).replace("null", "[]").split()
+    assert derived_entry == base_entry[:2] + ["compressed-tensors/minimum/0.10.0"], (base_entry, derived_entry)
+    # The image itself (its files, read from the host without a container, which vfs would copy whole): the
+    # release the model needs, whose CompressionFormat has the format (the repair imported it before the
+    # commit), and torch as it was.
+    root = on_guest("podman image mount %s" % derived[0])
+    try:
+        site = on_guest("ls -d %s%s/lib/python3*/site-packages" % (root, CT_VENV))
+        versions = on_guest("cd %s && ls -d compressed_tensors-*.dist-info torch-*.dist-info" % site).split()
+        assert versions == ["compressed_tensors-0.15.0.1.dist-info", "torch-%s+cpu.dist-info" % realwheels.TORCH], versions
+        assert on_guest("grep -c 'nvfp4_pack_quantized = \"nvfp4-pack-quantized\"' %s/compressed_tensors/config/base.py"
+                        % site) == "1"
+    finally:
+        on_guest("podman image unmount %s >/dev/null" % derived[0], check=False)
+
+    # A re-run finds it by its labels: nothing changes, no container starts.
+    mark = time.monotonic()
+    rc, out = play(guest, playbook, repair_vars)
+    timings["repair re-run"] = round(time.monotonic() - mark, 1)
+    assert rc == 0 and recap(out)["changed"] == 0, out[-5000:]
+    assert derived_images(image) == derived and "service image %s" % derived[0] in out
