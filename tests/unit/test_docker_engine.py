@@ -1,11 +1,11 @@
 """host/container_engine.py's DockerContainer: under `docker run` the engine is containerd's shim's, outside
 the launcher's tree and cgroup; it is found from the container's init (`docker inspect`'s State.Pid) and
 that process's cgroup (moby#35647)."""
-import subprocess
 
 from ansible_collections.modelwake.serving.plugins.module_utils.host import container_engine, procfs
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.cli import build_launch_config, parse_args
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.probe import HostProbe
+from tests.helpers.fakes import ScriptedRun
 
 LAUNCHER, CLIENT, SHIM, INIT, ENGINE, RANK, OTHER_INIT = 100, 200, 300, 301, 302, 303, 400
 NAME = "modelwake-sglang-dock"
@@ -37,22 +37,9 @@ def host(tmp_path):
     return str(proc), str(cgroups)
 
 
-class FakeDocker(object):
-    """`docker inspect`'s answers, in turn; records the commands."""
-
-    def __init__(self, *answers):
-        self.answers = list(answers)
-        self.commands = []
-
-    def __call__(self, argv, **_kwargs):
-        self.commands.append(argv)
-        rc, out = self.answers.pop(0)
-        return subprocess.CompletedProcess(argv, rc, out, "")
-
-
 def test_the_engine_is_the_containers_cgroup_found_from_its_init(tmp_path):
     proc, cgroups = host(tmp_path)
-    docker = FakeDocker((0, "%d\n" % INIT))
+    docker = ScriptedRun((0, "%d\n" % INIT))
     container = container_engine.DockerContainer(NAME, run=docker)
     roots = container.engine_roots(CLIENT, proc, cgroups)
     assert roots == [CLIENT, INIT, ENGINE, RANK]
@@ -64,7 +51,7 @@ def test_the_engine_is_the_containers_cgroup_found_from_its_init(tmp_path):
 
 def test_the_init_is_asked_once_and_again_only_when_it_is_gone(tmp_path):
     proc, cgroups = host(tmp_path)
-    docker = FakeDocker((0, "%d\n" % INIT), (1, ""))
+    docker = ScriptedRun((0, "%d\n" % INIT), (1, ""))
     container = container_engine.DockerContainer(NAME, run=docker)
     container.engine_roots(CLIENT, proc, cgroups)
     assert container.engine_roots(CLIENT, proc, cgroups) == [CLIENT, INIT, ENGINE, RANK]
@@ -80,7 +67,7 @@ def test_a_container_not_running_yet_leaves_the_client_alone(tmp_path):
     proc, cgroups = host(tmp_path)
     # Created, not started: State.Pid 0; no such container: inspect fails; no docker at all: OSError.
     for answer in ((0, "0\n"), (1, "")):
-        container = container_engine.DockerContainer(NAME, run=FakeDocker(answer))
+        container = container_engine.DockerContainer(NAME, run=ScriptedRun(answer))
         assert container.engine_roots(CLIENT, proc, cgroups) == [CLIENT]
 
     def missing(*_args, **_kwargs):
@@ -92,7 +79,7 @@ def test_without_its_cgroup_the_init_and_its_descendants_are_the_engine(tmp_path
     proc, cgroups = host(tmp_path)
     (tmp_path / "cgroup" / "systemd" / CONTAINER_CGROUP / "cgroup.procs").unlink()
     (tmp_path / "cgroup" / "systemd" / CONTAINER_CGROUP).rmdir()
-    roots = container_engine.DockerContainer(NAME, run=FakeDocker((0, "%d\n" % INIT))).engine_roots(CLIENT, proc, cgroups)
+    roots = container_engine.DockerContainer(NAME, run=ScriptedRun((0, "%d\n" % INIT))).engine_roots(CLIENT, proc, cgroups)
     assert roots == [CLIENT, INIT]
     assert sorted(procfs.tree(roots, proc)) == [CLIENT, INIT, ENGINE, RANK]
 
@@ -106,7 +93,7 @@ def test_the_launchers_option_makes_the_probe_look_in_the_container(tmp_path, mo
     probe = HostProbe(config, proc_root=proc)
     assert probe.docker_container.name == NAME
     real = probe.docker_container.engine_roots
-    monkeypatch.setattr(probe.docker_container, "run", FakeDocker((0, "%d\n" % INIT)))
+    monkeypatch.setattr(probe.docker_container, "run", ScriptedRun((0, "%d\n" % INIT)))
     monkeypatch.setattr(probe.docker_container, "engine_roots",
                         lambda pid, proc_root: real(pid, proc_root, cgroups))
     probe.root_start = procfs.read_process(CLIENT, proc)["starttime"]
@@ -132,7 +119,7 @@ def test_a_wait_on_the_unit_finds_the_container_its_launcher_names(tmp_path, mon
     config.unit = "sglang-dock.service"
     probe = HostProbe.__new__(HostProbe)
     probe.config, probe.proc_root, probe.docker_container = config, proc, None
-    docker = FakeDocker((0, "%d\n" % INIT))
+    docker = ScriptedRun((0, "%d\n" % INIT))
     real_container, real_cgroup_pids = container_engine.DockerContainer, procfs.cgroup_pids
     monkeypatch.setattr(container_engine, "DockerContainer", lambda name: real_container(name, run=docker))
 

@@ -8,11 +8,10 @@ from a script.
 """
 import json
 import os
-import subprocess
 
 from ansible_collections.modelwake.serving.plugins.module_utils.preflight import containers, holders
 from ansible_collections.modelwake.serving.plugins.module_utils.host.gpu import GpuReader
-from tests.helpers.fakes import fresh_nvml_api
+from tests.helpers.fakes import ScriptedRun, fresh_nvml_api
 from tests.unit.test_gpu_preflight_logic import write_proc
 
 ID_A = "a" * 12 + "0123456789abcdef" * 3 + "b" * 4
@@ -138,19 +137,6 @@ def test_no_container_no_question_to_the_runtime(tmp_path):
     assert result["holders"][0]["container"] is None and result["holders"][0]["label"] == "4242"
 
 
-class ScriptedDocker(object):
-    """`docker`'s answers, in turn, for docker_containers' `run`; records the commands."""
-
-    def __init__(self, *answers):
-        self.answers = list(answers)
-        self.commands = []
-
-    def __call__(self, argv, **_kwargs):
-        self.commands.append(argv)
-        rc, out = self.answers.pop(0)
-        return subprocess.CompletedProcess(argv, rc, out, "")
-
-
 def executable(tmp_path, name, script="#!/bin/sh\nexit 1\n"):
     path = tmp_path / name
     path.write_text(script)
@@ -176,7 +162,7 @@ def test_parse_docker_inspect_lines():
 
 def test_docker_containers_lists_the_running_ones_then_inspects_them_for_names_and_host_pids(tmp_path):
     docker = executable(tmp_path, "docker")
-    run = ScriptedDocker((0, "%s\n%s\n" % (ID_A, ID_B)), (0, "%s 4321 /stray\n%s 5432 /modelwake-sglang-dock\n"
+    run = ScriptedRun((0, "%s\n%s\n" % (ID_A, ID_B)), (0, "%s 4321 /stray\n%s 5432 /modelwake-sglang-dock\n"
                                                                % (ID_A, ID_B)))
     assert containers.docker_containers(docker, run) == [{"id": ID_A, "name": "stray", "pid": 4321, "unit": None},
                                                          {"id": ID_B, "name": "modelwake-sglang-dock", "pid": 5432,
@@ -187,16 +173,16 @@ def test_docker_containers_lists_the_running_ones_then_inspects_them_for_names_a
 def test_docker_containers_answers_what_it_could_read(tmp_path):
     docker = executable(tmp_path, "docker")
     # No container running: nothing to inspect.
-    run = ScriptedDocker((0, ""))
+    run = ScriptedRun((0, ""))
     assert containers.docker_containers(docker, run) == [] and len(run.commands) == 1
     # The daemon does not answer.
-    run = ScriptedDocker((1, ""))
+    run = ScriptedRun((1, ""))
     assert containers.docker_containers(docker, run) == [] and len(run.commands) == 1
     # A container gone between ps and inspect: inspect fails for it, the other is still named.
-    run = ScriptedDocker((0, "%s\n%s\n" % (ID_A, ID_B)), (1, "%s 4321 /stray\n" % ID_A))
+    run = ScriptedRun((0, "%s\n%s\n" % (ID_A, ID_B)), (1, "%s 4321 /stray\n" % ID_A))
     assert containers.docker_containers(docker, run) == [{"id": ID_A, "name": "stray", "pid": 4321, "unit": None}]
     # No Docker on the host: not asked.
-    run = ScriptedDocker()
+    run = ScriptedRun()
     assert containers.docker_containers(str(tmp_path / "absent"), run) == [] and run.commands == []
 
 
@@ -233,7 +219,7 @@ def test_survey_names_docker_containers_by_their_cgroup_or_their_pid_namespace(t
                cgroup="1:name=systemd:/system.slice/containerd.service/c0ffee\n")
     with_namespace(proc, 6000, "pid:[4026532002]")
     docker = executable(tmp_path, "docker")
-    run = ScriptedDocker((0, "%s\n%s\n" % (ID_A, ID_B)),
+    run = ScriptedRun((0, "%s\n%s\n" % (ID_A, ID_B)),
                          (0, "%s 5000 /stray\n%s 6000 /modelwake-sglang-other\n" % (ID_A, ID_B)))
     result = holders.survey(needed=[0], service_unit="sglang-k26", stop_units=["sglang-other"],
                             reader=GpuReader(nvml=nvml), proc_root=str(proc),
@@ -268,7 +254,7 @@ def test_a_units_own_docker_container_is_its_units_by_the_label(tmp_path):
                    cgroup="0::/system.slice/docker-%s.scope\n" % container)
         with_namespace(proc, pid, "pid:[%d]" % pid)
     docker = executable(tmp_path, "docker")
-    run = ScriptedDocker((0, "%s\n%s\n%s\n" % (ID_A, ID_B, "d" * 64)),
+    run = ScriptedRun((0, "%s\n%s\n%s\n" % (ID_A, ID_B, "d" * 64)),
                          (0, '%s 5000 /modelwake-sglang-k26 {"modelwake.unit":"sglang-k26.service"}\n'
                              '%s 6000 /modelwake-sglang-other {"modelwake.unit":"sglang-other.service"}\n'
                              '%s 7000 /by-hand null\n' % (ID_A, ID_B, "d" * 64)))
