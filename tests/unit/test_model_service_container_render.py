@@ -39,7 +39,7 @@ def podman_argv(model):
         "--env=CUDA_DEVICE_ORDER", "--env=DG_JIT_CACHE_DIR", "--env=FLASHINFER_WORKSPACE_BASE", "--env=HOME",
         "--env=NCCL_DEBUG", "--env=PYTHONUNBUFFERED", "--env=TORCHINDUCTOR_CACHE_DIR", "--env=TRITON_CACHE_DIR",
         "--env=VLLM_API_KEY", "--env=VLLM_CACHE_ROOT", "--env=VLLM_ENGINE_READY_TIMEOUT_S", "--env=XDG_CACHE_HOME",
-        "--device=nvidia.com/gpu=2", "--device=nvidia.com/gpu=3", IMAGE_ID]
+        "--device=nvidia.com/gpu=2", "--device=nvidia.com/gpu=3", "--entrypoint=python3", IMAGE_ID]
 
 
 def docker_argv(model):
@@ -54,7 +54,7 @@ def docker_argv(model):
         "--env=CUDA_DEVICE_ORDER", "--env=DG_JIT_CACHE_DIR", "--env=FLASHINFER_WORKSPACE_BASE", "--env=HOME",
         "--env=NCCL_DEBUG", "--env=PYTHONUNBUFFERED", "--env=TORCHINDUCTOR_CACHE_DIR", "--env=TRITON_CACHE_DIR",
         "--env=VLLM_API_KEY", "--env=VLLM_CACHE_ROOT", "--env=VLLM_ENGINE_READY_TIMEOUT_S", "--env=XDG_CACHE_HOME",
-        "--gpus=device=2", "--gpus=device=3", IMAGE_ID]
+        "--gpus=device=2", "--gpus=device=3", "--entrypoint=python3", IMAGE_ID]
 
 
 ENGINE_ARGV = {"podman": podman_argv, "docker": docker_argv}
@@ -114,9 +114,11 @@ def test_the_launcher_runs_the_runtime_as_its_engine_by_the_images_id(rendered):
     assert runtime[:runtime.index(IMAGE_ID) + 1] == ENGINE_ARGV[rendered["runtime"]](model)
     # The engine's processes share tensors through the host's /dev/shm, not a container's 64 MB one.
     assert "--ipc=host" in runtime[:runtime.index(IMAGE_ID)]
-    # The engine's own command follows the image, from the image's Python, not the host's venv.
+    # The engine's own command, from the image's Python, not the host's venv: its entry point named (not the
+    # image's own ENTRYPOINT, which would come first), the rest after the image.
     engine = runtime[runtime.index(IMAGE_ID) + 1:]
-    assert engine[:5] == ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    assert runtime[runtime.index(IMAGE_ID) - 1] == "--entrypoint=python3"
+    assert engine[:4] == ["-m", "vllm.entrypoints.openai.api_server", "--model", model]
 
 
 @pytest.mark.parametrize("rendered", ["docker"], indirect=True)
@@ -172,7 +174,8 @@ def test_without_the_launcher_systemd_runs_the_runtime_itself_and_the_operators_
     if runtime == "podman":
         assert "--cgroups=disabled" in argv
     assert "--env=CUDA_DEVICE_ORDER" not in argv and not [a for a in argv if a.startswith(GPU_FLAG[runtime])]
-    assert argv[argv.index(IMAGE_ID) + 1:][:6] == ["python3", "-m", "modelwake_sim", "serve", "--engine", "sglang"]
+    assert argv[argv.index(IMAGE_ID) - 1] == "--entrypoint=python3"
+    assert argv[argv.index(IMAGE_ID) + 1:][:5] == ["-m", "modelwake_sim", "serve", "--engine", "sglang"]
 
 
 @pytest.mark.parametrize("runtime, tag", [("podman", "docker.io/vllm/vllm-openai:latest"),
