@@ -2,7 +2,7 @@
 
 `--dist loadscope` keeps a file's tests on one worker (its guest and fixtures are built once) and
 gives each class of test_molecule_scenarios.py a worker of its own. With `--no-loadscope-reorder` it
-hands the scopes out in collection order, two per worker to begin with, then one more to a worker
+hands the scopes out in collection order, two per worker to begin with (one to each, then a second), then one more to a worker
 when it starts its last: the files that take minutes go first, longest first, so that no long one is
 the last to start (one started late leaves a single busy worker for minutes at the end). Durations
 are worker-time from a cold run on a 2-core machine; scopes not listed keep their usual order after
@@ -11,27 +11,30 @@ these. A test that passed only on its rerun has its first failure printed at the
 import os
 
 FIRST = [
-    # Longest first, each of the three followed on its worker by a short one; then the rest longest
-    # first, to whichever worker frees up.
-    "test_vllm_deploy.py",                       # ~24 min: the caches, the real vLLM CPU build, its faults
-    "test_deploy_lifecycle.py",                  # ~15 min: interrupted deploys, preflight, stop/start
-    "test_molecule_scenarios.py::TestDeploy",    # ~11 min: two guests, changed variable, rolling restart
-    "test_timeline_playbook.py",                 # short ones, queued behind the three above
+    # Longest first, one to each of the four workers, each followed on its worker by a short one; then
+    # the rest longest first, to whichever worker frees up. Worker-time from the cold run of 2026-12-05.
+    "test_vllm_deploy.py",                       # ~18 min: the caches, the real vLLM CPU build, its faults, its image
+    "test_deploy_lifecycle.py",                  # ~11 min: interrupted deploys, preflight, stop/start
+    "test_molecule_scenarios.py::TestDeploy",    # ~7 min: two guests, changed variable, rolling restart
+    "test_podman_guest.py",                      # ~7 min: Podman, an image loaded, 7 deploys, the repair's image
+    "test_timeline_playbook.py",                 # short ones, queued behind the four above
     "test_benchmark.py",
     "test_deploy_inventories.py",
-    "test_inference_env.py",                     # ~9 min
+    "test_file_tree.py",
+    "test_history_guest.py",                     # ~5.5 min: seven starts and a real hang
+    "test_inference_env.py",                     # ~4.5 min
     # A guest deploy that mostly waits on round trips (~3 min, one core mostly idle): handed out
     # early, its waits overlap the others' work instead of making the run's tail alone.
     "test_collection_install.py",
-    "test_sim_sglang_deploy.py",                 # ~8 min
-    "test_molecule_scenarios.py::TestNotify",    # ~7 min
-    "test_two_node.py",                          # ~7 min: two guests
-    "test_podman_guest.py",                      # ~7 min: Podman installed, an image loaded, 7 deploys
-    "test_inference_env_real.py",                # ~5 min: the real torch venv
-    "test_history_guest.py",                     # ~5 min: seven starts and a real hang
+    "test_sim_sglang_deploy.py",                 # ~4 min
     "test_docker_guest.py",                      # ~4 min: Docker installed, an image loaded
-    "test_module_sim.py",                        # ~3 min
+    "test_molecule_scenarios.py::TestNotify",    # ~4 min
+    "test_two_node.py",                          # ~3.5 min: two guests
+    "test_module_sim.py",                        # ~2 min
+    "test_inference_env_real.py",                # ~2 min: the real torch venv
+    "test_hold_guest.py",
     "test_live_progress.py",
+    "test_turns_guest.py",
     "test_stacks_sim.py",                        # busy: ranks spinning in native calls
     "test_molecule_scenarios.py::TestDefault",
 ]
