@@ -27,6 +27,13 @@ RUNTIMES = {
 }
 
 
+# The engine's environment, by name (values from the unit's environment file, none on the command line).
+ENGINE_ENV = ["--env=CUDA_DEVICE_ORDER", "--env=DG_JIT_CACHE_DIR", "--env=FLASHINFER_WORKSPACE_BASE", "--env=HOME",
+              "--env=NCCL_DEBUG", "--env=PYTHONUNBUFFERED", "--env=TORCHINDUCTOR_CACHE_DIR", "--env=TRITON_CACHE_DIR",
+              "--env=VLLM_API_KEY", "--env=VLLM_CACHE_ROOT", "--env=VLLM_ENGINE_READY_TIMEOUT_S",
+              "--env=XDG_CACHE_HOME"]
+
+
 def podman_argv(model):
     """`podman run`'s words up to the image, for the engine under the launcher."""
     return [
@@ -36,9 +43,7 @@ def podman_argv(model):
         "--volume", "%s:%s:ro" % (model, model),
         "--volume", "/var/cache/modelwake/vllm-pod:/var/cache/modelwake/vllm-pod",
         "--workdir", "/var/cache/modelwake/vllm-pod", "--user=modelwake:0",
-        "--env=CUDA_DEVICE_ORDER", "--env=DG_JIT_CACHE_DIR", "--env=FLASHINFER_WORKSPACE_BASE", "--env=HOME",
-        "--env=NCCL_DEBUG", "--env=PYTHONUNBUFFERED", "--env=TORCHINDUCTOR_CACHE_DIR", "--env=TRITON_CACHE_DIR",
-        "--env=VLLM_API_KEY", "--env=VLLM_CACHE_ROOT", "--env=VLLM_ENGINE_READY_TIMEOUT_S", "--env=XDG_CACHE_HOME",
+        *ENGINE_ENV,
         "--device=nvidia.com/gpu=2", "--device=nvidia.com/gpu=3", "--entrypoint=python3", IMAGE_ID]
 
 
@@ -51,9 +56,7 @@ def docker_argv(model):
         "--volume", "%s:%s:ro" % (model, model),
         "--volume", "/var/cache/modelwake/vllm-dock:/var/cache/modelwake/vllm-dock",
         "--workdir", "/var/cache/modelwake/vllm-dock", "--user=modelwake:0",
-        "--env=CUDA_DEVICE_ORDER", "--env=DG_JIT_CACHE_DIR", "--env=FLASHINFER_WORKSPACE_BASE", "--env=HOME",
-        "--env=NCCL_DEBUG", "--env=PYTHONUNBUFFERED", "--env=TORCHINDUCTOR_CACHE_DIR", "--env=TRITON_CACHE_DIR",
-        "--env=VLLM_API_KEY", "--env=VLLM_CACHE_ROOT", "--env=VLLM_ENGINE_READY_TIMEOUT_S", "--env=XDG_CACHE_HOME",
+        *ENGINE_ENV,
         "--gpus=device=2", "--gpus=device=3", "--entrypoint=python3", IMAGE_ID]
 
 
