@@ -87,6 +87,16 @@ def vm(tmp_path_factory):
         guest.down()
 
 
+def turn_holder(vm):
+    """The unit whose launcher of this start holds GPU 0's turn (the lock file names it and its pid is
+    the unit's main process), or None while no one has written it."""
+    holder = json.loads(vm.sh("cat /run/modelwake/gpu-turns/gpu-0.lock", check=False) or "{}")
+    unit = holder.get("unit", "")[:-len(".service")]
+    if unit in (A, B) and str(holder.get("pid")) == vm.show(unit + ".service", "MainPID")["MainPID"]:
+        return unit
+    return None
+
+
 def status(vm, unit):
     return vm.show(unit + ".service", "StatusText")["StatusText"]
 
@@ -135,9 +145,7 @@ def test_two_models_started_together_on_one_gpu_start_in_turn(vm):
     try:
         vm.sh("systemctl start --no-block %s %s" % (A, B))
         # Whichever took the turn loads (held before its last shard); the other waits, saying for whom.
-        first = until("one start holds the turn on GPU 0", lambda: json.loads(
-            vm.sh("cat /run/modelwake/gpu-turns/gpu-0.lock", check=False) or "{}").get("unit"), timeout=60)
-        first = first[:-len(".service")]
+        first = until("one start holds the turn on GPU 0", lambda: turn_holder(vm), timeout=60)
         second = B if first == A else A
         until("%s loading" % first, lambda: status(vm, first).startswith("loading"), timeout=60)
         first_pid = vm.show(first + ".service", "MainPID")["MainPID"]

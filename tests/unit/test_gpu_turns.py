@@ -105,6 +105,8 @@ def test_locks_are_taken_in_gpu_order_and_say_who_holds_them(tmp_path):
     assert not second.try_take(1)
     assert second.holder(1) == {"unit": "sglang-a.service", "pid": 4242}
     first.release()
+    # A finished start is nobody's holder: the next one reads no name until the new holder writes its own.
+    assert second.holder(1) is None
     assert second.try_take(1)
     second.release()
 

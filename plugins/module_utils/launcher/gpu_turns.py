@@ -155,7 +155,14 @@ class TurnLocks(object):
                 pass  # a read-only fd (see _fd): the others' messages say "another start"
 
     def release(self):
-        """Give the turn to the next start: closing the files drops their locks."""
+        """Give the turn to the next start: closing the files drops their locks. The files it held are
+        emptied first (still locked, so no one reads half of it): a finished start's name left in them
+        would be read as the holder of the next turn until that start writes its own."""
+        for gpu in self.held:
+            try:
+                os.ftruncate(self.fds[gpu], 0)
+            except OSError:
+                pass  # a read-only fd (see _fd)
         for fd in self.fds.values():
             os.close(fd)
         self.fds = {}
