@@ -20,6 +20,8 @@ description:
     the base's C(Entrypoint) and C(Cmd).
   - A failed install or verification removes the container and any image committed, and fails with the cause.
   - The same words serve Podman and Docker (I(cli)).
+  - A base image found to meet the repair is remembered in I(state_dir) by its ID, so a later run reads it
+    without starting a container.
 options:
   step:
     description:
@@ -85,9 +87,16 @@ options:
     type: list
     elements: str
     default: []
+  state_dir:
+    description:
+      - Directory of the records of what was read in base images, one file per image ID. Empty keeps no record
+        (every run without a derived image reads the base image in a container).
+    type: path
+    default: ""
 author: modelwake contributors (@modelwake)
 notes:
-  - Supports check mode (which starts a container of the base image to read it, and removes it).
+  - Supports check mode (which starts a container of the base image to read it, and removes it; it uses a
+    record of I(state_dir) but writes none).
 """
 
 EXAMPLES = r"""
@@ -160,6 +169,7 @@ def main():
             "verify_module": {"type": "str", "default": ""},
             "verify_attribute": {"type": "str", "default": ""},
             "verify_values": {"type": "list", "elements": "str", "default": []},
+            "state_dir": {"type": "path", "default": ""},
         },
         supports_check_mode=True,
     )
@@ -172,7 +182,8 @@ def main():
 
     repair = ImageRepair(run, p["cli"], p["image"], p["name"], p["version"], p["match"], p["python"], p["protect"],
                          p["verify_module"], p["verify_attribute"], p["verify_values"], p["wheelhouse"],
-                         p["index_url"], p["run_args"], work_dir=module.tmpdir)
+                         p["index_url"], p["run_args"], work_dir=module.tmpdir, state_dir=p["state_dir"],
+                         record_reads=not module.check_mode)
     try:
         result = repair.apply(check_mode=module.check_mode or p["step"] == "read")
     except (PyEnvError, subprocess.SubprocessError) as exc:

@@ -152,6 +152,42 @@ def test_an_image_that_has_what_the_model_needs_is_run_as_it_is(tmp_path):
     assert runtime.commits == 0 and runtime.containers == {} and list(runtime.images) == [BASE]
 
 
+def test_an_image_that_needs_no_repair_is_read_in_a_container_once(tmp_path):
+    runtime = FakeRuntime(dict(OLD, **{"compressed-tensors": "0.12.0"}))
+    state = str(tmp_path / "reads")
+    # Check mode reads it in a container and keeps no record.
+    assert repair(runtime, tmp_path, state_dir=state, record_reads=False).apply(check_mode=True)["image"] == BASE
+    assert not (tmp_path / "reads").exists()
+    # The first run reads it in a container, the next ones in the record: no container.
+    first = repair(runtime, tmp_path, state_dir=state).apply()
+    assert [c for c in runtime.calls if c[0] == "run"]
+    runtime.calls = []
+    again = repair(runtime, tmp_path, state_dir=state).apply()
+    assert [c[0] for c in runtime.calls] == ["images"], runtime.calls
+    assert (again["changed"], again["image"], again["before"]) == (False, BASE, first["before"]) == (False, BASE, "0.12.0")
+    assert "read on an earlier run" in again["msg"]
+    assert repair(runtime, tmp_path, state_dir=state).apply(check_mode=True)["image"] == BASE
+    assert [c[0] for c in runtime.calls] == ["images", "images"]
+    # Another repair, or the same one verified for other formats, is read again.
+    other = ImageRepair(runtime, CLI, BASE, "compressed-tensors", "0.11.0", "minimum", state_dir=state,
+                        work_dir=str(tmp_path)).apply()
+    assert other["image"] == BASE and [c for c in runtime.calls if c[0] == "run"]
+    runtime.calls = []
+    ImageRepair(runtime, CLI, BASE, "compressed-tensors", "0.10.0", "minimum", verify_module="compressed_tensors.config",
+                verify_attribute="CompressionFormat", verify_values=["pack-quantized"], state_dir=state,
+                work_dir=str(tmp_path)).apply()
+    assert [c for c in runtime.calls if c[0] == "run"]
+
+
+def test_an_image_that_needs_the_repair_is_not_remembered_as_read(tmp_path):
+    runtime = FakeRuntime(OLD, wheels=())
+    state = str(tmp_path / "reads")
+    assert repair(runtime, tmp_path, state_dir=state).apply(check_mode=True)["action"] == "install"
+    with pytest.raises(PyEnvError):
+        repair(runtime, tmp_path, state_dir=state).apply()
+    assert not (tmp_path / "reads").exists()
+
+
 def test_check_mode_reads_the_base_image_and_changes_nothing(tmp_path):
     runtime = FakeRuntime(OLD)
     result = repair(runtime, tmp_path).apply(check_mode=True)

@@ -5,7 +5,9 @@ container of it (the staged wheelhouse mounted read-only) installs the release w
 protected packages (torch) held at their versions by a constraints file as in a venv, and the install is
 verified by importing the enum, all in that one container; only then is it committed as a new image labelled
 with the base image's ID and the repair, which the next run finds by those labels (nothing to do). A failed
-repair removes its container and any image it committed: the host is left as it was.
+repair removes its container and any image it committed: the host is left as it was. An image whose own
+release already meets the repair is read in a container once: the answer is kept in a small record per image
+ID (`state_dir`), which names the same files for as long as it exists, so a re-run starts no container.
 
 Podman and Docker take the same words for every step here (run, exec, stop, commit, rm, rmi, images,
 image inspect), so one code path serves both: `cli` is the runtime's client.
@@ -62,12 +64,17 @@ def container_name(base):
     return "modelwake-repair-" + base.replace("sha256:", "")[:12]
 
 
+def record_path(state_dir, base):
+    """Where what was read in the image `base` is kept (named by its ID: the same ID is the same files)."""
+    return os.path.join(state_dir, "read-%s.json" % base.replace("sha256:", ""))
+
+
 class ImageRepair(object):
     """The repair of the image `base` (its ID) with `name` `match` (exact or minimum) `version`."""
 
     def __init__(self, run, cli, base, name, version, match="minimum", python="python3", protect=(),
                  verify_module="", verify_attribute="", verify_values=(), wheelhouse="", index_url="",
-                 run_args=(), work_dir=None):
+                 run_args=(), work_dir=None, state_dir="", record_reads=True):
         self.run_ = run
         self.cli = cli
         self.base = image_id(base)
@@ -82,6 +89,8 @@ class ImageRepair(object):
         self.index_url = index_url
         self.run_args = list(run_args)
         self.work_dir = work_dir
+        self.state_dir = state_dir
+        self.record_reads = record_reads  # False in check mode: it may use the record, never write it
         self.container = container_name(self.base)
 
     # The runtime's client.
@@ -111,6 +120,38 @@ class ImageRepair(object):
             if labels.get(LABEL_BASE) == self.base and labels.get(LABEL_SPEC) == self.label:
                 return candidate
         return None
+
+    # -- what an earlier run read in the image ----------------------------------------------------------
+    def read_key(self):
+        """What the read answered: this repair, checked with this Python and this verification."""
+        return json.dumps([self.label, self.python] + list(self.verify_args))
+
+    def _record(self):
+        try:
+            with open(record_path(self.state_dir, self.base)) as handle:
+                record = json.load(handle)
+            return record if isinstance(record, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def remembered(self):
+        """The release an earlier run found meeting this repair in the image, or None (never read, or no
+        state_dir)."""
+        if not self.state_dir:
+            return None
+        return self._record().get(self.read_key())
+
+    def remember(self, installed):
+        """Keep that the image's `installed` release meets this repair (replaced atomically)."""
+        if not (self.state_dir and self.record_reads):
+            return
+        record = self._record()
+        record[self.read_key()] = installed
+        os.makedirs(self.state_dir, exist_ok=True)
+        path = record_path(self.state_dir, self.base)
+        with open(path + ".partial", "w") as handle:
+            json.dump(record, handle, sort_keys=True)
+        os.replace(path + ".partial", path)
 
     def problem(self, installed):
         """Why the container's Python does not meet the repair (None when it does)."""
@@ -149,9 +190,12 @@ class ImageRepair(object):
         self.start_container()
         try:
             installed = snapshot(self.in_container, PLACEHOLDER_VENV).get(canonical_name(self.name))
-            return installed, self.problem(installed)
+            problem = self.problem(installed)
         finally:
             self.remove_container()
+        if problem is None:
+            self.remember(installed)
+        return installed, problem
 
     def apply(self, check_mode=False):
         """Find or make the derived image; return the result dict (image: the ID the service runs)."""
@@ -160,6 +204,10 @@ class ImageRepair(object):
         if found:
             return dict(result, image=found, derived=True, action="none",
                         msg="%s is derived from %s with %s already" % (found, self.base, self.label))
+        known = self.remembered()
+        if known is not None:
+            return dict(result, image=self.base, before=known, after=known, action="none",
+                        msg="%s already has %s %s (read on an earlier run)" % (self.base, self.name, known))
         if check_mode:
             installed, problem = self.read_base()
             if problem is None:
@@ -183,6 +231,7 @@ class ImageRepair(object):
             installed = before.get(canonical_name(self.name))
             problem = self.problem(installed)
             if problem is None:
+                self.remember(installed)
                 return dict(result, image=self.base, before=installed, after=installed, action="none",
                             msg="%s already has %s %s" % (self.base, self.name, installed))
             self.install(before, constraints_dir)
