@@ -91,7 +91,7 @@ def turn_holder(vm):
     """The unit whose launcher of this start holds GPU 0's turn (the lock file names it and its pid is
     the unit's main process), or None while no one has written it."""
     holder = json.loads(vm.sh("cat /run/modelwake/gpu-turns/gpu-0.lock", check=False) or "{}")
-    unit = holder.get("unit", "")[:-len(".service")]
+    unit = (holder.get("unit") or "")[:-len(".service")]
     if unit in (A, B) and str(holder.get("pid")) == vm.show(unit + ".service", "MainPID")["MainPID"]:
         return unit
     return None
