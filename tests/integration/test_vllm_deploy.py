@@ -452,8 +452,13 @@ def test_the_same_vllm_in_a_podman_image_is_activating_until_a_completion_and_it
 
     # The engine's processes, by their host PIDs, in the unit's cgroup, and in the container's PID namespace.
     procs = on_guest("cat /sys/fs/cgroup/systemd%s/cgroup.procs" % VM.show(UNIT, "ControlGroup")["ControlGroup"]).split()
-    engine = [on_guest("pgrep -o '^VLLM::EngineCor'"), worker_pid()]
-    assert all(engine) and set(engine) <= set(procs), (engine, procs)
+    # (-x: the whole name, which the kernel cuts to 15 characters.)
+    engine = [on_guest("pgrep -o -x 'VLLM::EngineCor' || true"), worker_pid()]
+    # Gone after ready (seen once in a cold run, the rerun passed): what the unit did since, to tell why.
+    assert all(engine), "the engine's processes after ready: %s (%s); the unit's journal since:\n%s" % (
+        engine, VM.show(UNIT, "NRestarts", "InvocationID", "ActiveState", "MainPID"),
+        on_guest("journalctl -u %s -o short-monotonic --no-pager -n 40 | grep -v 'Route:'" % UNIT, check=False))
+    assert set(engine) <= set(procs), (engine, procs)
     init = on_guest("podman container inspect --format '{{.State.Pid}}' %s" % container)
     namespaces = {pid: on_guest("readlink /proc/%s/ns/pid" % pid) for pid in engine + [init, "1"]}
     assert namespaces[engine[0]] == namespaces[engine[1]] == namespaces[init] != namespaces["1"], namespaces
