@@ -43,10 +43,10 @@ lint: venv ## yamllint, ansible-lint (production profile) and ansible-test sanit
 unit: venv ## Unit tests: pure logic, replayed traces, scripted GPUs, no sleeping
 	$(PYTEST) tests/unit
 
-# Workers for the integration tests: they mostly wait on engines and guests, so more than the cores
-# (with 3, the cold run of 2026-12-05 kept the 2 cores 47 % busy: 31 CPU-minutes in 33 minutes).
-# The bridge test runs alone last: it checks that the bridge goes when the last guest does. (First, it
-# held every worker for its 94 s while the test hosts' root filesystem was built for its one guest.)
+# Workers for the integration tests: more than the cores, since much of a test is waiting on engines and
+# guests (bench/REPORT.md, "The test suite", has the runs with 3 and 4).
+# The bridge test runs alone last: it checks that the bridge goes when the last guest does, and it needs no
+# worker to idle while the test hosts' root filesystem is built for its one guest.
 TEST_WORKERS ?= 4
 
 # Each test's start and stop, per worker (tests/integration/conftest.py): where a run's time went.

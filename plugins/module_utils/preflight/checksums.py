@@ -9,11 +9,11 @@ is remembered by (size, mtime) in a record outside the model directory, and an u
 not read again. Only the record is ever written; model files are only read.
 """
 import hashlib
-import json
 import os
 import re
 
 from ..common.errors import InputError
+from ..common.json_record import read_record, replace_record
 from ..common.units import MIB
 
 SUMS_FILE = "SHA256SUMS"
@@ -71,15 +71,6 @@ def record_path(state_dir, model_dir):
     return os.path.join(state_dir, "verified-%s.json" % key)
 
 
-def _read_record(path):
-    try:
-        with open(path) as handle:
-            record = json.load(handle)
-        return record if isinstance(record, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
 def verify(model_dir, names, state_dir, hasher=sha256_of):
     """{source, checked, remembered, unverified, mismatched: [{name, reason}], recorded} for the shards.
 
@@ -88,7 +79,7 @@ def verify(model_dir, names, state_dir, hasher=sha256_of):
     """
     sums, source = expected_sums(model_dir, names)
     record_file = record_path(state_dir, model_dir)
-    record = _read_record(record_file)
+    record = read_record(record_file)
     kept, checked, remembered, mismatched = {}, [], [], []
     for name in names:
         if name not in sums:
@@ -108,10 +99,6 @@ def verify(model_dir, names, state_dir, hasher=sha256_of):
                                                        "the published file" % (actual, source, sums[name])})
     recorded = kept != record
     if recorded:
-        os.makedirs(state_dir, exist_ok=True)
-        partial = record_file + ".partial"
-        with open(partial, "w") as handle:
-            json.dump(kept, handle, sort_keys=True)
-        os.replace(partial, record_file)
+        replace_record(record_file, kept)
     return {"source": source, "checked": checked, "remembered": remembered,
             "unverified": [n for n in names if n not in sums], "mismatched": mismatched, "recorded": recorded}

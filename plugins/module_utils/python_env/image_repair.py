@@ -19,6 +19,7 @@ import json
 import os
 import re
 
+from ..common.json_record import read_record, replace_record
 from .pyenv import (
     PyEnvError,
     canonical_name,
@@ -126,32 +127,21 @@ class ImageRepair(object):
         """What the read answered: this repair, checked with this Python and this verification."""
         return json.dumps([self.label, self.python] + list(self.verify_args))
 
-    def _record(self):
-        try:
-            with open(record_path(self.state_dir, self.base)) as handle:
-                record = json.load(handle)
-            return record if isinstance(record, dict) else {}
-        except (OSError, ValueError):
-            return {}
-
     def remembered(self):
         """The release an earlier run found meeting this repair in the image, or None (never read, or no
         state_dir)."""
         if not self.state_dir:
             return None
-        return self._record().get(self.read_key())
+        return read_record(record_path(self.state_dir, self.base)).get(self.read_key())
 
     def remember(self, installed):
         """Keep that the image's `installed` release meets this repair (replaced atomically)."""
         if not (self.state_dir and self.record_reads):
             return
-        record = self._record()
-        record[self.read_key()] = installed
-        os.makedirs(self.state_dir, exist_ok=True)
         path = record_path(self.state_dir, self.base)
-        with open(path + ".partial", "w") as handle:
-            json.dump(record, handle, sort_keys=True)
-        os.replace(path + ".partial", path)
+        record = read_record(path)
+        record[self.read_key()] = installed
+        replace_record(path, record)
 
     def problem(self, installed):
         """Why the container's Python does not meet the repair (None when it does)."""
