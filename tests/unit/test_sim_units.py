@@ -3,7 +3,9 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import signal
 import struct
+import time
 
 import pytest
 
@@ -393,7 +395,10 @@ def test_a_streamed_range_arrives_whole(served, hub):
 
 @pytest.mark.parametrize("argv,message", [
     (["--fault", "rankdeath:initializing"], "--tp must be 2 or more"),
+    (["--fault", "rankreap:initializing"], "--tp must be 2 or more"),
     (["--load-format", "runai_streamer"], "--load-format runai_streamer and an http:// --model-path go together"),
+    (["--tp", "2", "--churn", "node-rank"], "--churn node-rank: start with --node-rank 0"),
+    (["--churn", "rank-party"], "argument --churn: invalid choice: 'rank-party'"),
 ])
 def test_serve_refuses_arrivals_that_cannot_happen(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -405,7 +410,45 @@ def test_rank_death_faults_parse():
     fault = faults.Fault.parse("rankdeath:initializing", 2.0)
     assert (fault.kind, fault.phase, fault.after) == ("rankdeath", "initializing", 2.0)
     assert faults.Fault.parse("rankkill:loading").kind in faults.RANK_DEATHS
+    assert faults.Fault.parse("rankreap:initializing").kind in faults.RANK_DEATHS
 
+
+@pytest.mark.parametrize("argv,message", [
+    (["--engine", "vllm", "--churn", "compile-workers"], "--churn: the churn is SGLang's process tree here"),
+    (["--engine", "vllm", "--tp", "2", "--fault", "rankreap:loading"], "--fault rankreap: the launcher that reaps"),
+])
+def test_churn_and_rankreap_are_sglangs(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--model-path", "/nonexistent/model"] + argv)
+    assert message in capsys.readouterr().err
+
+
+def test_churn_kinds_repeat_and_node_rank_goes_with_the_option():
+    args = cli.build_parser().parse_args(["serve", "--engine", "sglang", "--model-path", "/m", "--churn",
+                                          "compile-workers", "--churn", "helper-sigterm", "--churn-seconds", "2"])
+    assert (args.churn, args.churn_seconds, args.churn_record) == (["compile-workers", "helper-sigterm"], 2.0, None)
+    assert cli.build_parser().parse_args(["serve", "--engine", "sglang", "--model-path", "/m"]).churn == []
+
+
+def test_the_record_is_one_json_line_per_end_with_how_it_ended(tmp_path):
+    path = str(tmp_path / "churn.jsonl")
+    pid = os.fork()
+    if pid == 0:
+        os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    faults.record(path, churn="node-rank", pid=pid, ended=faults.ended(status))
+    faults.record(path, fault="rankreap", pid=7, killed="signal 9 (SIGKILL)", t=12.5)
+    faults.record(None, churn="nowhere")  # no record file: nothing written, no error
+    first, second = [json.loads(line) for line in open(path)]
+    assert (first["churn"], first["pid"], first["ended"]) == ("node-rank", pid, "exit 3") and first["t"] > 0
+    assert second == {"fault": "rankreap", "pid": 7, "killed": "signal 9 (SIGKILL)", "t": 12.5}
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    # SIGKILL: a forked pytest worker may have its own SIGTERM handler, which the child would inherit.
+    os.kill(pid, signal.SIGKILL)
+    assert faults.ended(os.waitpid(pid, 0)[1]) == "signal 9 (SIGKILL)"
 
 
 def test_the_api_key_comes_from_where_the_real_engine_takes_it(tmp_path, monkeypatch):

@@ -3,7 +3,7 @@ import argparse
 import os
 import sys
 
-from . import __version__, faults, hub, model, nodes, ranks, work
+from . import __version__, churn, faults, hub, model, nodes, ranks, work
 
 # Defaults scaled from the K2.6 start (548 GB at ~575 MiB/s = ~16 min of reading, then ~10 min of
 # silent JIT, then a short warm-up) down to ~75 s for the default 2 GiB model.
@@ -121,11 +121,27 @@ def build_parser():
                             "the last spins forever in one native call with the GIL released, the last parks "
                             "elsewhere), rankdeath (the last rank logs 'Scheduler hit an exception:' and exits "
                             "1; the others wait for it in a collective; SGLang's launcher runs on and leaves "
-                            "it a zombie), rankkill (the same rank SIGKILLed, no log; needs --tp 2 or more); PHASE "
+                            "it a zombie), rankkill (the same rank SIGKILLed, no log), rankreap (the same SIGKILL, "
+                            "and the launcher reaps the rank at once: no zombie, no exit status left to read; "
+                            "--engine sglang); the rank deaths need --tp 2 or more; PHASE "
                             "starting|loading|initializing|warmup|ready")
     serve.add_argument("--fault-after", type=_positive(float), default=0.0,
                        help="seconds into PHASE before the fault fires (default 0; at the latest at the "
                             "phase's end)")
+    serve.add_argument("--churn", action="append", default=[], choices=churn.KINDS, metavar="KIND",
+                       help="a healthy start with process churn that looks like a rank's death, then ready as "
+                            "usual (repeatable; --engine sglang): compile-workers (each rank's waves of short "
+                            "workers, forked with its title or fork+exec'd, exit 0), loader-chain (before the "
+                            "schedulers, a process titled sglang::scheduler_TP0 and its loader_TP0 reading the "
+                            "shards through mmap, both exit 0), helper-sigterm (each rank SIGTERMs a hung "
+                            "nvidia-smi probe and a forked check at its own timeout), node-rank (with --node-rank 0, "
+                            "the API process forks a helper that exits 1); see modelwake_sim/churn.py")
+    serve.add_argument("--churn-seconds", type=_positive(float), default=churn.DEFAULT_SECONDS,
+                       help="how long each churn kind lasts (default %g)" % churn.DEFAULT_SECONDS)
+    serve.add_argument("--churn-record", default=None, metavar="PATH",
+                       help="append one JSON line per churn child once reaped (pid, parent, how it was made, its "
+                            "title, how it ended, wall time), and the rank a rankkill or rankreap fault kills, "
+                            "with the kill's wall time")
     serve.add_argument("--repack-seconds", type=_positive(float), default=0.0,
                        help="a silent weight post-processing phase after loading (K2.6's Marlin repack): "
                             "layer after layer, a long native call on a fresh buffer (default 0: none)")
@@ -195,6 +211,13 @@ def main(argv=None):
     if args.fault is not None and args.fault.kind in faults.RANK_DEATHS and args.tp < 2:
         parser.error("--fault %s: the last rank dies while the others wait, so --tp must be 2 or more"
                      % args.fault.kind)
+    if args.fault is not None and args.fault.kind == "rankreap" and args.engine != "sglang":
+        parser.error("--fault rankreap: the launcher that reaps a dead scheduler at once is SGLang's (--engine sglang)")
+    if args.churn and args.engine != "sglang":
+        parser.error("--churn: the churn is SGLang's process tree here (--engine sglang)")
+    given = sys.argv[1:] if argv is None else argv
+    if "node-rank" in args.churn and not any(a == "--node-rank" or a.startswith("--node-rank=") for a in given):
+        parser.error("--churn node-rank: start with --node-rank 0, so that the helper's command line holds it")
     if (args.load_format == "runai_streamer") != hub.is_stream_url(args.model_path):
         parser.error("--load-format runai_streamer and an http:// --model-path go together (got %s and %r)"
                      % (args.load_format, args.model_path))

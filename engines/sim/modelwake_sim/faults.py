@@ -1,8 +1,16 @@
-"""Fault injection (`--fault KIND:PHASE`, `--fault-after S`) and the exceptions each phase raises."""
+"""Fault injection (`--fault KIND:PHASE`, `--fault-after S`), the exceptions each phase raises, and
+the record of what the simulator did on purpose (`--churn-record`: churn.py's children, a fault's kill)."""
+import json
+import os
+import signal
+import time
 
-KINDS = ("crash1", "crash0", "hang", "spin", "rankdeath", "rankkill")
+KINDS = ("crash1", "crash0", "hang", "spin", "rankdeath", "rankkill", "rankreap")
 # Faults where only the last rank dies and the others wait for it in a collective.
-RANK_DEATHS = ("rankdeath", "rankkill")
+RANK_DEATHS = ("rankdeath", "rankkill", "rankreap")
+# The rank is SIGKILLed (no word in the log): rankkill leaves it a zombie, rankreap's launcher reaps
+# it at once, so that no exit status is left to read.
+RANK_KILLS = ("rankkill", "rankreap")
 PHASES = ("starting", "loading", "initializing", "warmup", "ready")
 
 
@@ -34,6 +42,29 @@ class Fault:
     def due(self, phase, elapsed, phase_over=False):
         """True when the fault fires now: in its phase, `after` seconds in (or when the phase ends first)."""
         return phase == self.phase and (elapsed >= self.after or phase_over)
+
+
+def record(path, **fields):
+    """One JSON line in the --churn-record file (nothing without one): the ground truth a test or the
+    bench checks a start against. `t` is the wall clock (time.time()), the bench's clock for true
+    events. One write with O_APPEND, so the lines of several processes never interleave."""
+    if not path:
+        return
+    fields.setdefault("t", round(time.time(), 3))
+    line = (json.dumps(fields, sort_keys=True) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def ended(status):
+    """How a child ended, from waitpid's status: `exit 0`, `signal 15 (SIGTERM)`."""
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        return "signal %d (%s)" % (number, signal.Signals(number).name)
+    return "exit %d" % os.WEXITSTATUS(status)
 
 
 # The root cause each phase dies of with crash1: (frames, exception line). The starting one is the

@@ -121,6 +121,7 @@ class Rank:
         self.util = 0
         self.last_holder = 0.0
         self.children = []
+        self.title = title
         set_title(title)
         if opts.fake_gpus:
             self.holder = Holder(fake_gpu_dir(), holder_name, visible_gpu(rank if local_rank is None else local_rank))
@@ -170,8 +171,11 @@ class Rank:
         if fault.kind in faults.RANK_DEATHS:
             if self.rank != self.opts.tp - 1:
                 self.wait_for_dead_peer()
-            if fault.kind == "rankkill":
-                os.kill(os.getpid(), signal.SIGKILL)  # killed from outside (the OOM killer): no word
+            if fault.kind in faults.RANK_KILLS:
+                # Killed from outside (the OOM killer): no word in the log; the kill's time recorded.
+                faults.record(self.opts.churn_record, fault=fault.kind, rank=self.rank, pid=os.getpid(),
+                              killed="signal 9 (SIGKILL)")
+                os.kill(os.getpid(), signal.SIGKILL)
             frames, exc_line = faults.CRASH_CAUSES[phase]
             raise RankCrash(frames, exc_line, alone=True)
         if self.rank != 0:

@@ -5,7 +5,7 @@ import threading
 import time
 import urllib.request
 
-from . import engine, faults, logs, nodes, ranks
+from . import churn, engine, faults, logs, nodes, ranks
 
 DESC = "Loading safetensors checkpoint shards"
 SITE = engine.SITE
@@ -45,6 +45,8 @@ class SGLangServer(engine.ApiServer):
             # SGLang only binds when uvicorn starts; check now so a port conflict does not cost a load.
             self._bind().close()
         self._ensure_gpus()
+        if "loader-chain" in opts.churn:
+            churn.loader_chain(opts)  # gone, exit 0 and reaped, before the real schedulers start
         self._setup_pipes_and_signals()
         signal.signal(signal.SIGQUIT, self._on_sigquit)
         group = None
@@ -58,6 +60,13 @@ class SGLangServer(engine.ApiServer):
             # The launcher waits on rank 0's pipe and polls no other scheduler: one that dies stays
             # a zombie (its exit status readable in /proc/<pid>/stat) while the launcher runs on.
             self.unwatched.update(self.children[1:])
+            if opts.fault.kind == "rankreap":
+                # This launcher reaps any scheduler that ends at once and says nothing: the killed
+                # rank leaves no zombie, so no exit status is left to read.
+                for index, pid in enumerate(self.children[1:], start=first_rank + 1):
+                    churn.reap_later(pid, opts.churn_record, reaped="rank", rank=index)
+        if "node-rank" in opts.churn:
+            churn.node_rank_helper(opts)  # forked before _after_fork's threads start
         self._after_fork()
         ready_ranks = set()
         reached = {stage: set() for stage in nodes.STAGES}
@@ -191,6 +200,7 @@ class SGLangServer(engine.ApiServer):
             r.wait_for_group(nodes.AFTER_LOAD, "Rank %d" % r.rank, COLLECTIVE_FRAMES, COLLECTIVE_TIMEOUT)
 
         init_started = time.monotonic()
+        churn.in_rank(r, opts)  # --churn compile-workers, helper-sigterm: children made, ended, reaped
         if opts.python_work_seconds:
             r.python_work(opts.python_work_seconds)
         if opts.repack_seconds:
