@@ -301,6 +301,13 @@ evidence:
   type: list
   elements: str
   sample: ["(Worker pid=7) ERROR SafetensorError: Error while deserializing header: incomplete metadata"]
+rule:
+  description:
+    - The terminal rule that ended the wait (docs/readiness.md, "What ends a wait"), for example C(rank_died),
+      C(fatal_log_line) or C(stalled); empty for C(ready) and the phases of a wait still going.
+  returned: always
+  type: str
+  sample: rank_died
 bytes_read:
   description: Bytes the server's processes read from disk (read_bytes of the whole tree), null when unreadable.
   returned: always

@@ -218,9 +218,10 @@ class Tree(object):
         self.states = {100: "S", 101: "S", 102: "S", 103: "S"}
         self.exits = {}
         self.cpu = 3.0
+        self.cpu_per_look = 0.5
 
     def look(self, t, lines=()):
-        self.cpu += 0.5
+        self.cpu += self.cpu_per_look
         live = sorted(self.states)
         process = {"root_pid": 100, "alive": True, "pids": live, "cpu_seconds": self.cpu, "read_bytes": 0,
                    "states": dict((str(p), s) for p, s in self.states.items()),
@@ -279,14 +280,33 @@ def test_a_rank_death_the_engine_reports_at_the_next_look_keeps_the_engines_word
     assert "Rank 0 scheduler is dead" in verdict.evidence[0]
 
 
-def test_a_reaped_rank_is_named_without_an_exit_status():
+def test_a_reaped_rank_with_its_siblings_parked_fails_after_the_quiet_bound():
+    # Gone from /proc altogether (its parent reaped it): no exit status proves a death, so the rank's end
+    # fails the start only once nothing at all moved for rules.RANK_GONE_QUIET seconds after it.
     cfg = config(engine="sglang", stall_timeout=600, poll_interval=5)
     tree = Tree()
     looks = [tree.look(0, lines=[INIT[0]])]
-    del tree.states[102]  # gone from /proc altogether: its parent reaped it
-    looks += [tree.look(5), tree.look(10)]
-    _t, verdict = replay(cfg, looks)[-1]
-    assert verdict.phase == "failed" and "rank TP1 (pid 102) died (exit status unknown: reaped)" in verdict.msg
+    del tree.states[102]
+    tree.cpu_per_look = 0.0  # the ranks left are parked: no CPU, no log, no reads
+    looks += [tree.look(t) for t in range(5, 35, 5)]
+    seen = replay(cfg, looks)
+    assert [v.phase for _t, v in seen] == ["initializing"] * 5 + ["failed"], [v.msg for _t, v in seen]
+    t, verdict = seen[-1]
+    assert t == 25 and verdict.rule == "rank_gone_quiet"
+    assert verdict.msg.startswith("failed: rank TP1 (pid 102) is gone (exit status unknown: reaped) at +5 s, and "
+                                  "nothing has moved since"), verdict.msg
+    assert "for 20 s: the ranks left wait for it; still alive: pid 100 (python3), TP0 (pid 101), TP2 (pid 103)" in verdict.msg
+
+
+def test_a_reaped_rank_while_the_start_goes_on_is_a_note_not_a_failure():
+    cfg = config(engine="sglang", stall_timeout=600, poll_interval=5)
+    tree = Tree()
+    looks = [tree.look(0, lines=[INIT[0]])]
+    del tree.states[102]
+    looks += [tree.look(t) for t in range(5, 65, 5)]  # the tree's CPU keeps working
+    seen = replay(cfg, looks)
+    assert set(v.phase for _t, v in seen) == {"initializing"}
+    assert "rank TP1 (pid 102) is gone (exit status unknown: reaped) at +5 s; the start went on" in seen[-1][1].evidence
 
 
 def test_a_burst_of_cached_reads_is_not_a_stream_and_a_stream_that_ended_is_no_longer_the_source():

@@ -17,7 +17,7 @@ def with_rchar(snapshots, rate=None):
     start = None
     for snap in snapshots:
         start = snap.t if start is None else start
-        snap.process["rchar"] = 4 * MIB + int((rate or 0) * (snap.t - start))
+        snap.process.rchar = 4 * MIB + int((rate or 0) * (snap.t - start))
         yield snap
 
 

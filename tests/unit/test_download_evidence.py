@@ -115,7 +115,7 @@ def test_a_download_into_the_hub_cache_is_seen_growing_and_seen_stopping(tmp_pat
             assert child.stdout.readline().split() == ["got", str(number * CHUNK)]
             looks.append(probe.snapshot(float(number)))
         for before, after in zip(looks, looks[1:]):
-            grown = dict((name, after.process[name] - before.process[name]) for name in ("write_bytes", "wchar", "rchar"))
+            grown = dict((name, getattr(after.process, name) - getattr(before.process, name)) for name in ("write_bytes", "wchar", "rchar"))
             assert grown["wchar"] >= CHUNK and grown["write_bytes"] >= CHUNK
             assert grown["rchar"] < CHUNK // 4  # the socket is read with recv(): not in rchar
             assert after.downloads["bytes"] - before.downloads["bytes"] == CHUNK
@@ -125,9 +125,9 @@ def test_a_download_into_the_hub_cache_is_seen_growing_and_seen_stopping(tmp_pat
         assert looks[-1].downloads["caches"] == [str(cache)]
         # The server holds the rest back: the socket stays open, nothing grows.
         held = probe.snapshot(3.0)
-        assert held.downloads["bytes"] == 2 * CHUNK and held.process["alive"] is True
-        assert held.process["wchar"] == looks[-1].process["wchar"]
-        assert held.process["write_bytes"] == looks[-1].process["write_bytes"]
+        assert held.downloads["bytes"] == 2 * CHUNK and held.process.alive is True
+        assert held.process.wchar == looks[-1].process.wchar
+        assert held.process.write_bytes == looks[-1].process.write_bytes
         for _ in range(CHUNKS - 2):
             server.allowed.release()
         assert child.stdout.readlines()[-1].strip() == "done"

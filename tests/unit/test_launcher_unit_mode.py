@@ -123,10 +123,10 @@ def test_the_probe_counts_the_engine_under_the_launcher_not_the_launcher(fake_nv
         engine_pid = int(launcher.stdout.readline())
         cfg = config(unit=UNIT, url="http://127.0.0.1:%d" % closed_port())
         snap = HostProbe(cfg, runner=NotifySystemd(launcher.pid), nvml=fake_nvml).snapshot(0.0)
-        assert snap.process["pids"] == [engine_pid] and snap.process["alive"] is True
+        assert snap.process.pids == [engine_pid] and snap.process.alive is True
         launcher_cpu = procfs.read_process(launcher.pid)["own_ticks"] / float(procfs.CLK_TCK)
         assert launcher_cpu >= 0.1
-        assert snap.process["cpu_seconds"] < launcher_cpu  # the engine's start-up only
+        assert snap.process.cpu_seconds < launcher_cpu  # the engine's start-up only
         assert snap.unit["StatusText"] == "loading 12% (8/64 shards)"
     finally:
         launcher.stdin.close()
@@ -183,18 +183,18 @@ def test_the_launchers_stack_reads_are_neither_the_engines_processes_nor_its_pro
         runner = AccountedNotifySystemd(launcher.pid)
         probe = HostProbe(config(unit=UNIT, url="http://127.0.0.1:%d" % closed_port()), runner=runner, nvml=fake_nvml)
         first = probe.snapshot(0.0)
-        assert first.process["pids"] == [engine_pid]
+        assert first.process.pids == [engine_pid]
         tool_pid = int(say("start"))
         # A look while the tool runs: it is not one of the server's processes, its work not the server's.
         during = probe.snapshot(2.0)
-        assert during.process["pids"] == [engine_pid], during.process
-        assert during.process["cpu_seconds"] - first.process["cpu_seconds"] < 0.05, during.process
+        assert during.process.pids == [engine_pid], during.process
+        assert during.process.cpu_seconds - first.process.cpu_seconds < 0.05, during.process
         assert procfs.read_process(tool_pid)["own_ticks"] / float(procfs.CLK_TCK) >= 0.1
         assert say("stop") == "reaped"
         # Reaped into the launcher: the cgroup still holds its work, the server's figures do not.
         after = probe.snapshot(4.0)
         assert int(after.unit["CPUUsageNSec"]) / 1e9 - probe.accounting.first[2] >= 0.1
-        assert after.process["cpu_seconds"] - first.process["cpu_seconds"] < 0.05, after.process
+        assert after.process.cpu_seconds - first.process.cpu_seconds < 0.05, after.process
     finally:
         launcher.stdin.close()
         launcher.wait()

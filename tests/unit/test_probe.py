@@ -9,6 +9,7 @@ import pytest
 from ansible_collections.modelwake.serving.plugins.module_utils.host import procfs
 from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import InputError
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.probe import HostProbe
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.snapshot import ProcessTree
 
 from tests.helpers.fakes import fresh_nvml_api
 from tests.helpers.network import free_port as closed_port
@@ -56,9 +57,9 @@ def test_pid_mode_snapshot_of_a_real_server(server, fake_nvml):
     cfg = config(pid=proc.pid, url="http://127.0.0.1:%d" % port, log_path=log, engine="sglang")
     probe = HostProbe(cfg, nvml=fake_nvml)
     snap = probe.snapshot(0.0, remaining=60)
-    assert snap.process["alive"] is True and snap.process["root_pid"] == proc.pid
-    assert proc.pid in snap.process["pids"] and snap.process["states"][str(proc.pid)] in ("S", "R")
-    assert snap.process["cpu_seconds"] > 0 and snap.process["read_bytes"] is not None
+    assert snap.process.alive is True and snap.process.root_pid == proc.pid
+    assert proc.pid in snap.process.pids and snap.process.states[str(proc.pid)] in ("S", "R")
+    assert snap.process.cpu_seconds > 0 and snap.process.read_bytes is not None
     assert snap.gpus == [{"index": 0, "uuid": "GPU-0", "memory_used_mib": 1024, "memory_total_mib": 97887,
                           "memory_free_mib": 97887 - 1024, "utilization": 3}]
     assert snap.log_context == ["[2026-05-25 19:06:14 TP0] Load weight begin. avail mem=85 GB"] and snap.log_lines == []
@@ -69,7 +70,7 @@ def test_pid_mode_snapshot_of_a_real_server(server, fake_nvml):
     proc.kill()
     proc.wait()
     gone = probe.snapshot(5.0)
-    assert gone.process["alive"] is False and gone.process["pids"] == []
+    assert gone.process.alive is False and gone.process.pids == []
     assert gone.http["listening"] is False
 
 
@@ -118,7 +119,7 @@ def test_unit_mode_snapshot_uses_systemd_and_the_journal(idle_process, fake_nvml
     snap = HostProbe(cfg, runner=runner, nvml=fake_nvml).snapshot(0.0)
     assert snap.unit["MainPID"] == proc.pid and snap.unit["ActiveState"] == "active"
     # The cgroup is not there (no systemd here): the MainPID's tree stands in.
-    assert snap.process["pids"] == [proc.pid] and snap.process["alive"] is True
+    assert snap.process.pids == [proc.pid] and snap.process.alive is True
     assert snap.log_lines == ["Init torch distributed begin."] and snap.log_context == []
     assert snap.http["health"]["kind"] == "refused"
 
@@ -132,8 +133,8 @@ def test_unit_mode_counts_what_the_cgroup_saw_beyond_the_tree(idle_process, fake
                       runner=runner, nvml=fake_nvml)
     first = probe.snapshot(0.0).process
     second = probe.snapshot(5.0).process
-    assert round(second["cpu_seconds"] - first["cpu_seconds"], 1) == 3.0
-    assert second["read_bytes"] - (first["read_bytes"] or 0) == 64 * 2 ** 20
+    assert round(second.cpu_seconds - first.cpu_seconds, 1) == 3.0
+    assert second.read_bytes - (first.read_bytes or 0) == 64 * 2 ** 20
 
 
 def test_unit_mode_refuses_a_unit_that_does_not_exist(fake_nvml):
@@ -208,7 +209,7 @@ def test_a_wait_begun_during_a_restarts_drain_starts_its_story_at_the_next_run(i
     # While the old run stops, nothing of it is read: no journal, no HTTP, no processes.
     assert [look.earlier_run for look in looks] == [
         {"invocation": "inv-old", "pid": 1111, "state": "deactivating, stop-sigterm"}] * 2
-    assert looks[0].http is None and looks[0].process == {} and runner.journal_reads == 0
+    assert looks[0].http is None and looks[0].process == ProcessTree() and runner.journal_reads == 0
     looks.append(probe.snapshot(2.0))
     verdicts = [classifier.observe(look) for look in looks]
     assert verdicts[0].phase == "not_started" and verdicts[0].pid is None

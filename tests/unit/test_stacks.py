@@ -47,18 +47,6 @@ def test_the_idle_api_process_shows_its_main_thread(dumps):
     assert thread == "MainThread" and frames
 
 
-@pytest.mark.parametrize("names, rank", [
-    (("sglang::scheduler_TP3",), 3),
-    (("sglang::scheduler_DP0_TP5_EP0",), 5),
-    (("VLLM::Worker_TP7",), 7),
-    (("python", "VllmWorker-2"), 2),
-    (("VLLM::EngineCore", "python3 -m vllm.entrypoints.openai.api_server"), None),
-    (("python",), None),
-])
-def test_the_rank_comes_from_the_title(names, rank):
-    assert stacks.rank_of(*names) == rank
-
-
 def test_the_title_is_the_name_when_the_process_set_one():
     assert stacks.process_name({"cmdline": "sglang::scheduler_TP0", "comm": "sglang::schedul"}) == "sglang::scheduler_TP0"
     assert stacks.process_name({"cmdline": "/opt/v/bin/python -m vllm.entrypoints.openai.api_server --port 1",

@@ -25,11 +25,11 @@ innermost line (and, with locals=True, its innermost frame's locals) changed bet
 import hashlib
 import json
 import os
-import re
 import shutil
 import time
 
 from ..common.command import run_command
+from . import ranks
 from .procfs import CLK_TCK
 
 # The release inference_env installs into the engine venv (roles/inference_env/defaults); its
@@ -38,27 +38,16 @@ PY_SPY_VERSION = "0.4.1"
 DUMP_TIMEOUT = 2.0  # seconds per process: a dump takes ~60 ms; a wedged read must not hold the wait
 SHOWN_FRAMES = 3  # innermost frames kept per process for messages
 SAMPLE_SPACING = 0.05  # seconds between two dumps of one read: apart enough for a hot loop to move
-# The rank a process serves, from its title: SGLang's `sglang::scheduler_TP3` (or DP0_TP3_EP0),
-# vLLM's `VLLM::Worker_TP3` and its log prefix `VllmWorker-3`, the simulator's `sim-TP3`.
-RANK_PATTERNS = (re.compile(r"TP(\d+)"), re.compile(r"VllmWorker-(\d+)"), re.compile(r"\brank[ =]?(\d+)"))
 NOT_PERMITTED = ("Permission denied", "Operation not permitted", "EPERM")
-
-
-def rank_of(*names):
-    for name in names:
-        for pattern in RANK_PATTERNS:
-            match = pattern.search(name or "")
-            if match:
-                return int(match.group(1))
-    return None
 
 
 def process_name(info):
     """A process title when it set one (`sglang::scheduler_TP0`), the module a `python -m` runs
     (`api_server` for vLLM's `-m vllm.entrypoints.openai.api_server`), else its comm."""
+    own = ranks.title(info)
+    if own:
+        return own
     words = (info.get("cmdline") or "").split()
-    if words and "::" in words[0]:
-        return words[0]
     if len(words) > 2 and words[1] == "-m":
         return words[2].rsplit(".", 1)[-1]
     return info.get("comm") or "?"
@@ -212,13 +201,14 @@ class StackReader(object):
                     continue
                 taken.setdefault(pid, []).append(sample)
         found = []
+        rank_of = ranks.engine_ranks(processes)
         for pid in pids:
             if pid not in taken:
                 continue
             info = processes[pid]
             last = taken[pid][-1]
             name = process_name(info)
-            entry = {"pid": pid, "name": name, "rank": rank_of(name, info.get("comm"), info.get("cmdline")),
+            entry = {"pid": pid, "name": name, "rank": rank_of.get(pid),
                      "state": info.get("state"), "thread": last["thread"], "frames": last["frames"],
                      "signature": last["signature"],
                      "cpu_seconds": round(info.get("own_ticks", 0) / float(CLK_TCK), 2),

@@ -8,9 +8,10 @@ from ..common.errors import InputError
 from ..common.units import MIB
 from ..host.gpu import GpuReader
 from ..host.logs import FileTailer, JournalReader
-from ..host.stacks import StackReader, process_name, rank_of
+from ..host.ranks import engine_ranks
+from ..host.stacks import StackReader
 from . import xid
-from .snapshot import Snapshot
+from .snapshot import ProcessTree, Snapshot
 
 
 STACK_SAMPLES = 3
@@ -164,27 +165,26 @@ class HostProbe(object):
             launcher_work = (sum(i["own_ticks"] + i["child_ticks"] for i in launcher.values()) / float(procfs.CLK_TCK),
                              sum(i["read_bytes"] or 0 for i in launcher.values()))
             cpu_seconds, read_bytes = self.accounting.combine(cpu_seconds, read_bytes, unit, launcher_work)
-        process = {
-            "root_pid": root_pid,
-            "alive": bool(processes) and (cfg.unit is not None or cfg.pid in processes),
-            "pids": sorted(processes),
-            "cpu_seconds": round(cpu_seconds, 2),
-            "read_bytes": read_bytes,
-            "write_bytes": io_totals["write_bytes"],
-            "rchar": io_totals["rchar"],
-            "wchar": io_totals["wchar"],
-            "states": dict((str(p), i["state"]) for p, i in processes.items()),
-            "comms": dict((str(p), i["comm"]) for p, i in processes.items()),
-            "cpu": dict((str(p), round(i["own_ticks"] / float(procfs.CLK_TCK), 2)) for p, i in processes.items()),
-            # The ranks by their titles (`sglang::scheduler_TP2`, `VLLM::Worker_TP1`): who died, by name.
-            "ranks": dict((str(p), rank) for p, rank in ((p, rank_of(process_name(i))) for p, i in processes.items())
-                          if rank is not None),
+        process = ProcessTree(
+            root_pid=root_pid,
+            alive=bool(processes) and (cfg.unit is not None or cfg.pid in processes),
+            pids=sorted(processes),
+            cpu_seconds=round(cpu_seconds, 2),
+            read_bytes=read_bytes,
+            write_bytes=io_totals["write_bytes"],
+            rchar=io_totals["rchar"],
+            wchar=io_totals["wchar"],
+            states=dict((str(p), i["state"]) for p, i in processes.items()),
+            comms=dict((str(p), i["comm"]) for p, i in processes.items()),
+            cpu=dict((str(p), round(i["own_ticks"] / float(procfs.CLK_TCK), 2)) for p, i in processes.items()),
+            # The processes the engine made ranks, by the titles it gave them (host/ranks.py): who died, by name.
+            ranks=dict((str(p), rank) for p, rank in engine_ranks(processes).items()),
             # Weight files open while rchar outgrows read_bytes: the page cache, else a socket (a stream).
-            "weight_files_open": self._weight_files_open(processes, io_totals, read_bytes),
+            weight_files_open=self._weight_files_open(processes, io_totals, read_bytes),
             # How the zombies among them ended (a dead rank its blocked parent has not reaped).
-            "exits": dict((str(p), i["exit_status"]) for p, i in list(processes.items()) + list(self.zombies.items())
-                          if i.get("exit_status") is not None),
-        }
+            exits=dict((str(p), i["exit_status"]) for p, i in list(processes.items()) + list(self.zombies.items())
+                       if i.get("exit_status") is not None),
+        )
         stack_read = None
         if stacks and processes:
             children_before = _children_cpu_s()

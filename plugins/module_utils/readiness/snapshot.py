@@ -7,15 +7,43 @@ from typing import Any, Dict, List, Optional
 
 
 @dataclasses.dataclass
+class ProcessTree(object):
+    """The server's processes at one look (readiness/probe.py). Maps are keyed by str(pid) (JSON keys).
+    The byte totals (host/procfs.py IO_COUNTERS) are None when /proc/<pid>/io is unreadable, and
+    absent from traces recorded before they were read."""
+    root_pid: Optional[int] = None  # the unit's MainPID, or the watched pid
+    alive: Optional[bool] = None  # the server runs (None: not read, as in a unit look with no tree)
+    pids: List[int] = dataclasses.field(default_factory=list)  # the living processes
+    cpu_seconds: Optional[float] = None  # the tree's CPU, reaped children's included
+    read_bytes: Optional[int] = None
+    write_bytes: Optional[int] = None
+    rchar: Optional[int] = None
+    wchar: Optional[int] = None
+    states: Dict[str, str] = dataclasses.field(default_factory=dict)  # pid -> /proc state letter
+    comms: Dict[str, str] = dataclasses.field(default_factory=dict)  # pid -> comm
+    cpu: Dict[str, float] = dataclasses.field(default_factory=dict)  # pid -> its own CPU seconds
+    # pid -> TP index of the processes the engine made ranks (host/ranks.py: its own title, not a
+    # title inherited by fork()).
+    ranks: Dict[str, int] = dataclasses.field(default_factory=dict)
+    # pid -> a zombie's waitpid() status: how a process that died unreaped ended.
+    exits: Dict[str, int] = dataclasses.field(default_factory=dict)
+    # How many weight files the tree holds open, read only at a look whose rchar outgrew read_bytes.
+    weight_files_open: Optional[int] = None
+
+    @classmethod
+    def from_dict(cls, data):
+        """From a recorded trace's dict; a key that is no field is an error, never read as None."""
+        return cls(**data)
+
+    def living(self):
+        """The str(pid)s of the processes alive at this look (neither zombie nor dead)."""
+        return set(key for key, state in self.states.items() if state not in ("Z", "X"))
+
+
+@dataclasses.dataclass
 class Snapshot(object):
     t: float  # seconds since the wait began (monotonic clock)
-    # Process tree: {"root_pid", "alive", "pids", "cpu_seconds", "read_bytes", "write_bytes", "rchar",
-    # "wchar", "states", "comms", "cpu", "ranks", "exits", "weight_files_open"}; ranks: str(pid) -> TP
-    # index by title; exits: str(pid) -> a zombie's waitpid() status; weight_files_open: how many weight
-    # files the tree holds open, read only at a look whose rchar outgrew read_bytes (else None). states/comms/cpu (own CPU seconds) map str(pid) -> value;
-    # the byte totals (host/procfs.py IO_COUNTERS) are None when /proc/<pid>/io is unreadable, and
-    # absent from traces recorded before they were read.
-    process: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    process: ProcessTree = dataclasses.field(default_factory=ProcessTree)  # a dict is read as one
     unit: Optional[Dict[str, Any]] = None  # systemctl show properties (unit mode only)
     gpus: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
     log_lines: List[str] = dataclasses.field(default_factory=list)  # new lines since last poll
@@ -49,6 +77,10 @@ class Snapshot(object):
     # Unit mode, a look taken while the run a restart replaces still stops (the wait began during its
     # drain): {"invocation", "state", "pid"} of that run; nothing else of this look is read. Else None.
     earlier_run: Optional[Dict[str, Any]] = None
+
+    def __post_init__(self):
+        if isinstance(self.process, dict):
+            self.process = ProcessTree.from_dict(self.process)
 
     def to_dict(self):
         return dataclasses.asdict(self)

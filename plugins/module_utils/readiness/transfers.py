@@ -75,16 +75,16 @@ class TransferTracker(object):
         return max(0, value - prev)
 
     def _stream_growth(self, process):
-        rchar = self._growth("rchar", process.get("rchar"))
-        disk = self._growth("read_bytes", process.get("read_bytes"))
+        rchar = self._growth("rchar", process.rchar)
+        disk = self._growth("read_bytes", process.read_bytes)
         if rchar is None:
             return None
         return max(0, rchar - (disk or 0))
 
     def _written_growth(self, process):
         # wchar counts write(2) calls as they happen; write_bytes what reaches the disk, later.
-        grown = [g for g in (self._growth("wchar", process.get("wchar")),
-                             self._growth("write_bytes", process.get("write_bytes"))) if g is not None]
+        grown = [g for g in (self._growth("wchar", process.wchar),
+                             self._growth("write_bytes", process.write_bytes)) if g is not None]
         return max(grown) if grown else None
 
     def _download_growth(self, t, downloads):

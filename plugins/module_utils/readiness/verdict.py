@@ -32,6 +32,7 @@ class Verdict(object):
     msg: str
     evidence: List[str] = dataclasses.field(default_factory=list)
     terminal: bool = False
+    rule: str = ""  # the terminal rule that ended the wait (readiness/rules.py), "" for any other verdict
     since: float = 0.0  # when the current phase began (seconds since the wait began)
     bytes_read: Optional[int] = None
     read_rate: Optional[float] = None  # bytes/s over the last RATE_WINDOW seconds
