@@ -121,8 +121,11 @@ class ContainerGuest(object):
         flat = " ".join(out.split())
         assert rc != 0, flat[-5000:]
         # The restart onto the new image failed with the engine's own error ...
-        assert "%s did not come up after the image upgrade %s -> %s: failed after" % (self.unit, old, new) in flat, \
-            flat[-5000:]
+        assert re.search(r"%s did not come up after the image upgrade %s -> %s: failed \(rule [a-z_]+\) after"
+                         % (re.escape(self.unit), re.escape(old), re.escape(new)), flat), flat[-5000:]
+        # Before anything was undone, the output named the rule and its evidence.
+        assert re.search(r"Rolling back %s: its start on the upgrade ended failed by the rule [a-z_]+ after [\d.]+ s: "
+                         r"failed: .*; evidence: " % re.escape(self.unit), flat), flat[-5000:]
         assert "libcudart.so.13: cannot open shared object file" in flat, flat[-5000:]
         # ... and the unit was put back on the previous image, which answered again.
         assert re.search(r"Rolled back to the previous image %s and restarted: ready again after [\d.]+ s" % old,

@@ -179,7 +179,10 @@ def test_an_upgrade_that_does_not_come_up_is_rolled_back(sim, tmp_path):
     flat = " ".join(out.split())
     assert rc == 2, flat[-4000:]
     assert "%s did not come up after the upgrade of /opt/modelwake/sim-venv (modelwake-sim 0.1.0 -> 0.1.1)" % UNIT in flat, flat[-4000:]
-    assert re.search(r"\(modelwake-sim 0\.1\.0 -> 0\.1\.1\): failed after \d+ s: failed: ", flat), flat[-4000:]
+    assert re.search(r"\(modelwake-sim 0\.1\.0 -> 0\.1\.1\): failed \(rule [a-z_]+\) after \d+ s: failed: ", flat), flat[-4000:]
+    # Before anything was undone, the output named the rule that ended the start and its evidence.
+    assert re.search(r"Rolling back %s: its start on the upgrade ended failed by the rule [a-z_]+ after \d+ s: failed: "
+                     % UNIT, flat), flat[-4000:]
     # The broken build's own words are in the unit's journal, where the message's status points.
     assert "modelwake-sim 0.1.1: a broken build" in VM.sh("journalctl -u %s --no-pager -n 300" % UNIT)
     assert re.search(r"Rolled back to the previous package set \(modelwake-sim 0\.1\.1 -> 0\.1\.0\) and restarted: "
