@@ -12,8 +12,8 @@ READY = "ready"
 MODULE_EXPECTS = {"normal": READY, "crash-loading": "failed", "hang-loading": "stalled", "hang-ready": "stalled"}
 EARLY_TOLERANCE = 0.5  # s: the ready line is stamped when read from the pipe, a little after the port opens
 # bench/run.py's steps, in the order it runs them (--only picks some).
-STEPS = ("scenarios", "cost", "stacks", "arrivals", "history", "throughput", "rerun", "fanout", "containers", "realvllm",
-         "disk")
+STEPS = ("scenarios", "cost", "stacks", "churn", "arrivals", "history", "throughput", "rerun", "fanout", "containers",
+         "realvllm", "disk")
 
 
 def judge(scenario, approach, said, verdict_t, truth_t, msg=""):
@@ -100,6 +100,12 @@ def targets(results):
         worst = max(point["error"] for point in firsts)
         rows.append(("a re-start's whole-start ETA within 20 % of the truth from its first look (third start on)",
                      worst <= 0.2, "worst %d %% over %d starts" % (round(100 * worst), len(firsts))))
+    churn = [case for case in (results.get("churn") or {}).get("cases", []) if case["expects"] == READY]
+    if churn:
+        false = sum(case["failed_looks"] for case in churn)
+        rows.append(("zero failed looks on healthy starts with rank churn", false == 0 and all(
+            case["phase"] == READY for case in churn), "%d failed looks; %d of %d starts ready" % (
+            false, sum(1 for case in churn if case["phase"] == READY), len(churn))))
     rows.extend(_disk_targets(results.get("disk")))
     rerun = results.get("rerun") or {}
     if rerun.get("status") == "measured":
@@ -206,6 +212,7 @@ def render(results, pictures):
             lines += ["Not measured: %s" % real.get("why", real.get("msg")), ""]
     lines += _cost_section(_cost_phases(results.get("cost")))
     lines += _stacks_section(results.get("stacks"))
+    lines += _churn_section(results.get("churn"))
     lines += _arrivals_section(results.get("arrivals"))
     lines += _history_section(results.get("history"))
     throughput = results.get("throughput") or {}
@@ -435,6 +442,43 @@ def _stacks_section(measured):
     got = verdicts.get("with stacks")
     if got:
         lines += ["", "Its message: `%s`" % got["msg"].replace("|", "\\|")]
+    return lines + [""]
+
+
+CHURN_WORDS = {
+    "compile-workers": "compile workers: each rank's 3 waves of 3, two forked with its title, one fork+exec'd, exit 0",
+    "loader-chain": "a `sglang::scheduler_TP0` and its `loader_TP0` reading the shards through mmap, "
+                    "both exit 0 before the schedulers start",
+    "helper-sigterm": "each rank SIGTERMs a hung `nvidia-smi` probe and a check forked with its title",
+    "node-rank": "`--node-rank 0`: the API process forks a helper that exits 1",
+    "rankkill:initializing": "the last rank SIGKILLed and left a zombie, its exit status readable; the others parked",
+    "rankreap:initializing": "the last rank SIGKILLed and reaped at once, no exit status left; the others parked",
+}
+
+
+def _churn_section(measured):
+    """Rank churn (healthy starts that must end ready, no look failed) and rank deaths (failed, and how
+    long after the kill)."""
+    if not measured:
+        return []
+    lines = ["## Rank churn and rank death", "",
+             "The module (`poll_interval: %g`, pid mode) on simulated SGLang starts whose short-lived processes "
+             "look like a rank's death (`--churn KIND`, each lasting %g s, `stall_timeout: %s`): each must end "
+             "ready with no look failed. Then two real deaths in initialisation, `stall_timeout: %s` so that it "
+             "decides neither: the lag runs from the kill (the wall time the dying rank wrote to `--churn-record`) "
+             "to the verdict (its look's line in the progress file)."
+             % (measured["poll_interval"], measured["churn_seconds"], measured["stall_timeout"],
+                measured["death_stall_timeout"]), "",
+             "| case | TP | verdict | failed looks | lag |", "|---|---|---|---|---|"]
+    for case in measured["cases"]:
+        wrong = "" if case["phase"] == case["expects"] else " **wrong**"
+        lines.append("| %s (%s) | %d | %s%s | %d of %d | %s |" % (
+            case["case"], CHURN_WORDS.get(case["case"], "?"), case["tp"], case["phase"], wrong, case["failed_looks"],
+            case["looks"], "–" if case["lag_s"] is None else "%.1f s" % case["lag_s"]))
+    lines += ["", "The messages of the verdicts other than ready:", ""]
+    for case in measured["cases"]:
+        if case["phase"] != READY:
+            lines.append("- %s: `%s`" % (case["case"], case["msg"].replace("|", "\\|")))
     return lines + [""]
 
 

@@ -417,6 +417,64 @@ def measure_stacks(model, work, reads=20, stall=10, poll=1.0):
     return {"cost": cost, "stall_timeout": stall, "poll_interval": poll, "verdicts": verdicts}
 
 
+# -- rank churn and rank death ---------------------------------------------------------------------
+
+CHURN_SIM_ARGS = ["--disable-cuda-graph", "--start-seconds", "1", "--init-seconds", "3", "--warmup-seconds", "1"]
+CHURN_CASES = (
+    # case, TP, what the module must say, the simulator's options (modelwake_sim/churn.py, faults.py)
+    ("compile-workers", 2, "ready", ["--churn", "compile-workers"]),
+    ("loader-chain", 2, "ready", ["--churn", "loader-chain"]),
+    ("helper-sigterm", 2, "ready", ["--churn", "helper-sigterm"]),
+    ("node-rank", 2, "ready", ["--churn", "node-rank", "--node-rank", "0"]),
+    ("rankkill:initializing", 3, "failed", ["--fault", "rankkill:initializing", "--fault-after", "1"]),
+    ("rankreap:initializing", 2, "failed", ["--fault", "rankreap:initializing", "--fault-after", "1"]),
+)
+
+
+def measure_churn(model, work, stall=10, death_stall=60, poll=1.0, churn_seconds=4.0):
+    """The module on healthy SGLang starts whose process churn looks like a rank's death (the
+    simulator's --churn kinds), each of which must end ready with no look failed, and on two real rank
+    deaths: a rank SIGKILLed and left a zombie (rankkill, its exit status readable) and one SIGKILLed
+    and reaped at once by its parent (rankreap, nothing left to read), its siblings parked. For each:
+    the final verdict, the looks that said failed, and for a death the lag from the kill (the wall
+    time the dying rank recorded, --churn-record) to the verdict (its look's line in progress_path).
+    The deaths run with `stall_timeout: death_stall`, so that stall_timeout does not decide them."""
+    base = os.path.join(work, "churn")
+    os.makedirs(base, exist_ok=True)
+    measured = {"stall_timeout": stall, "death_stall_timeout": death_stall, "poll_interval": poll,
+                "churn_seconds": churn_seconds, "cases": []}
+    for case, tp, expects, options in CHURN_CASES:
+        tag = case.replace(":", "-")
+        record = _fresh(os.path.join(base, tag + ".record.jsonl"))
+        args = CHURN_SIM_ARGS + ["--tp", str(tp), "--churn-seconds", str(churn_seconds), "--churn-record", record]
+        sim = simrun.SimRun("sglang", model, _fresh(os.path.join(base, tag + ".log")), args + options).start()
+        progress = _fresh(os.path.join(base, tag + ".progress.jsonl"))
+        try:
+            extra = {"bench_approach": "module", "bench_url": sim.url, "bench_pid": sim.proc.pid,
+                     "bench_engine": "sglang", "bench_log_path": sim.log_path, "bench_model_path": model,
+                     "bench_module_timeout": 120, "bench_poll_interval": poll, "bench_progress_path": progress,
+                     "bench_stall_timeout": stall if expects == "ready" else death_stall,
+                     "bench_ignore_errors": True}
+            play = Play(os.path.join(HERE, "waits.yml"), [_localhost_inventory(base)], extra, env=ansible_env(),
+                        timeout=600)
+        finally:
+            sim.stop()
+        with open(progress) as handle:
+            verdicts = [json.loads(line)["verdict"] for line in handle if line.strip()]
+        if not verdicts:
+            raise RuntimeError("no look from bench/waits.yml (rc %s): %s" % (play.rc, play.text[-600:]))
+        with open(record) as handle:
+            lines = [json.loads(line) for line in handle if line.strip()]
+        kills = [line for line in lines if line.get("killed")]
+        final = verdicts[-1]
+        measured["cases"].append({
+            "case": case, "tp": tp, "expects": expects, "phase": final["phase"], "msg": final["msg"][:600],
+            "looks": len(verdicts), "failed_looks": sum(1 for v in verdicts if v["phase"] == "failed"),
+            "churn_children": sum(1 for line in lines if line.get("churn")),
+            "lag_s": round(os.stat(progress).st_mtime - kills[0]["t"], 1) if kills else None})
+    return measured
+
+
 # -- weights from the network -----------------------------------------------------------------------
 
 ARRIVAL_REPO = "org/k26-sim"
@@ -785,6 +843,8 @@ def main(argv=None):
     for step, what, measure in (("cost", "the module's own cost", lambda: dict((phase, measure_cost(model, work, phase))
                                                                                   for phase in COST_PHASES)),
                                 ("stacks", "the ranks' stacks: cost and the spinning hang", lambda: measure_stacks(model, work)),
+                                ("churn", "rank churn and rank death: false failed verdicts and the death's lag",
+                                 lambda: measure_churn(model, work)),
                                 ("arrivals", "weights from the network: a download, a stream, a stopped download",
                                  lambda: measure_arrivals(model, work)),
                                 ("history", "the whole-start ETA from the host's record of earlier starts",

@@ -149,6 +149,7 @@ def every_section():
                                               (0.75, 7.0, 5.0))]}
         for number in (1, 2, 3)]}
     data["disk"] = disk_measured()
+    data["churn"] = churn_measured()
     data["containers"] = containers_measured()
     return data
 
@@ -185,3 +186,37 @@ def test_the_history_section_gives_the_eta_against_the_truth_and_the_target_row(
     assert rows["a re-start's whole-start ETA within 20 % of the truth from its first look (third start on)"] == (
         True, "worst 10 % over 1 starts")
     assert report._history_section(None) == []
+
+
+def churn_measured():
+    def case(name, tp, expects, phase, failed, looks, lag=None, msg="ready after 12 s"):
+        return {"case": name, "tp": tp, "expects": expects, "phase": phase, "msg": msg, "looks": looks,
+                "failed_looks": failed, "churn_children": 4, "lag_s": lag}
+    return {"stall_timeout": 10, "death_stall_timeout": 60, "poll_interval": 1.0, "churn_seconds": 4.0, "cases": [
+        case("compile-workers", 2, "ready", "ready", 0, 14),
+        case("node-rank", 2, "ready", "failed", 1, 6, msg="failed: rank TP0 (pid 42) died (exit status 1)"),
+        case("rankreap:initializing", 2, "failed", "failed", 1, 25, 21.2,
+             "failed: rank TP1 (pid 7) is gone (exit status unknown: reaped) | nothing has moved for 20 s")]}
+
+
+def test_the_churn_section_gives_each_case_its_verdict_failed_looks_and_lag():
+    text = "\n".join(report._churn_section(churn_measured()))
+    assert text.startswith("## Rank churn and rank death\n")
+    assert "| compile-workers (compile workers: " in text and "| 2 | ready | 0 of 14 | – |" in text
+    assert "| 2 | failed **wrong** | 1 of 6 | – |" in text  # a healthy start called failed
+    assert "| 2 | failed | 1 of 25 | 21.2 s |" in text  # a death: failed, as it must be
+    # Every verdict other than ready is quoted, the table's separator escaped.
+    assert "- node-rank: `failed: rank TP0 (pid 42) died (exit status 1)`" in text
+    assert "- rankreap:initializing: `failed: rank TP1 (pid 7) is gone (exit status unknown: reaped) \\| nothing" in text
+    assert report._churn_section(None) == []
+
+
+def test_a_false_failed_look_on_a_churn_start_misses_its_target():
+    data = results()
+    assert not [row for row in report.targets(data) if row[0].startswith("zero failed looks")]  # not measured
+    data["churn"] = churn_measured()
+    rows = dict((row[0], row[1:]) for row in report.targets(data))
+    assert rows["zero failed looks on healthy starts with rank churn"] == (False, "1 failed looks; 1 of 2 starts ready")
+    data["churn"]["cases"][1].update(phase="ready", failed_looks=0)
+    rows = dict((row[0], row[1:]) for row in report.targets(data))
+    assert rows["zero failed looks on healthy starts with rank churn"] == (True, "0 failed looks; 2 of 2 starts ready")
