@@ -32,15 +32,10 @@ it progress. Without stacks, CPU counts as before.
 """
 from . import engines, events as look_events, rules, wording
 from .details import fill
-from .phases import INITIALIZING, LOADING, NOT_STARTED, PHASES, READY, STARTING
+from .phases import INITIALIZING, LOADING, NOT_STARTED, PHASES, READY, STARTING, later
 from .stack_summary import summarize
 from .state import ClassifierState
 from .verdict import Verdict
-
-
-def _later(a, b):
-    rank = lambda phase: PHASES.index(phase) if phase in PHASES else -1  # noqa: E731
-    return a if rank(a) >= rank(b) else b
 
 
 class Classifier(object):
@@ -187,7 +182,7 @@ class Classifier(object):
         phase = st.marker_phase or STARTING
         if st.status_phase:
             # A notify unit's launcher names the phase in its STATUS=: as good as a log marker.
-            phase = _later(phase, st.status_phase)
+            phase = later(phase, st.status_phase)
         read_delta = seen.read_delta
         reading = read_delta is not None and read_delta >= cfg.read_threshold
         if phase == STARTING and (reading or seen.gpu_rising() or seen.arriving) and self._silent_load_possible():
@@ -195,7 +190,7 @@ class Classifier(object):
         if st.phase in PHASES:
             # The phases only move forward: a server that really restarts is a failure (a new
             # MainPID, NRestarts up, the watched pid gone), so a late run-start line is not one.
-            phase = _later(phase, st.phase)
+            phase = later(phase, st.phase)
         if phase == LOADING and st.load_t is None:
             st.load_t = t
             # What the tree had read before loading began (imports, libraries) is not weights.
@@ -203,7 +198,7 @@ class Classifier(object):
         if phase == LOADING and self._load_done(t, work_rate):
             phase = INITIALIZING
         if http and http.get("listening"):
-            phase = _later(phase, INITIALIZING)  # the port answers only after loading
+            phase = later(phase, INITIALIZING)  # the port answers only after loading
         return phase
 
     def _silent_load_possible(self):
@@ -246,8 +241,8 @@ class Classifier(object):
     def _in_phase(self, look):
         st = self.state
         http = look.snap.http or {}
-        msg = "%s since +%s: %s" % (look.phase, wording.secs(st.phase_start(look.phase, look.t)),
-                                     wording.picture(st, look.snap, look.proc, look.cpu_rate))
+        since = wording.secs(st.phase_start(look.phase, look.t))
+        msg = "%s since +%s: %s" % (look.phase, since, wording.picture(st, look.snap, look.proc, look.cpu_rate))
         if http.get("ready") and self._awaiting_ready_notification(look.snap.unit):
             msg += "; the completion answers, the unit waits for its launcher's READY=1"
         if st.ready_hint:

@@ -10,7 +10,7 @@ from typing import Dict, List, Optional
 
 from ..common.formatting import mib
 from . import engines
-from .phases import INITIALIZING, LOADING, PHASES, STARTING
+from .phases import INITIALIZING, LOADING, STARTING, later
 from .state import TAIL_LINES, RankGone
 from .status import status_news, status_phase, status_waiting
 from .transfers import DOWNLOAD, INFINIBAND, STREAM, WRITTEN
@@ -68,11 +68,6 @@ class LookEvents(object):
         return words
 
 
-def _later(a, b):
-    rank = lambda phase: PHASES.index(phase) if phase in PHASES else -1  # noqa: E731
-    return a if rank(a) >= rank(b) else b
-
-
 def read_logs(state, lines, context):
     """Fold log lines into the state (markers, the crash line, the tail); return how many are news."""
     # In a first read that may hold earlier runs, a crash line counts only after the
@@ -108,7 +103,7 @@ def read_logs(state, lines, context):
             if hint == engines.READY_HINT:
                 state.ready_hint = True
                 hint = INITIALIZING
-            state.marker_phase = _later(hint, state.marker_phase or STARTING)
+            state.marker_phase = later(hint, state.marker_phase or STARTING)
             state.marker_line = line
     return news
 

@@ -106,4 +106,3 @@ class ClassifierState(object):
         self.marker_phase = STARTING
         self.marker_line = line
         self.ready_hint = False
-
