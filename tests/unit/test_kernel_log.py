@@ -9,6 +9,7 @@ import pytest
 
 from ansible_collections.modelwake.serving.plugins.module_utils.host import kernel_log, procfs
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.probe import HostProbe
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.waiter import wait_for_ready
 
 from tests.helpers.fakes import fresh_nvml_api
 from tests.helpers.network import free_port as closed_port
@@ -57,12 +58,19 @@ def test_only_xid_lines_since_the_start_and_only_the_new_ones_at_each_look(tmp_p
     assert log.read_new() == []
 
 
-def test_a_log_that_cannot_be_read_says_why_and_reads_nothing(tmp_path):
+def test_a_host_without_a_kernel_log_is_no_error_and_one_that_appears_is_read(tmp_path):
     log = kernel_log.KernelLog(path=str(tmp_path / "missing"))
-    assert log.read_new() == []
-    assert log.error == "kernel log unreadable: %s: No such file or directory" % (tmp_path / "missing")
+    assert log.read_new() == [] and log.absent and log.error is None
     append(tmp_path / "missing", record(1, 1, FALLEN))  # it appears: read from then on
-    assert [r["seq"] for r in log.read_new()] == [1] and log.error is None
+    assert [r["seq"] for r in log.read_new()] == [1] and log.error is None and not log.absent
+
+
+def test_a_log_that_exists_and_cannot_be_read_says_why_and_reads_nothing(tmp_path):
+    unreadable = tmp_path / "kmsg"
+    unreadable.mkdir()  # opens, and every read fails (as root, a mode cannot refuse it)
+    log = kernel_log.KernelLog(path=str(unreadable))
+    assert log.read_new() == [] and not log.absent
+    assert log.error == "kernel log unreadable: %s: Is a directory" % unreadable
 
 
 def test_the_path_is_dev_kmsg_unless_a_test_names_another(monkeypatch):
@@ -117,6 +125,17 @@ def test_the_probe_names_the_gpu_of_each_xid_since_the_servers_start(sleeper, tm
 def test_an_unreadable_kernel_log_is_a_signal_that_could_not_be_read(sleeper, tmp_path):
     probe = HostProbe(config(pid=sleeper.pid, url="http://127.0.0.1:%d" % closed_port()), nvml=fresh_nvml_api())
     probe.kernel_log_path = str(tmp_path / "kmsg-denied")
+    (tmp_path / "kmsg-denied").mkdir()
     snap = probe.snapshot(0.0)
-    assert snap.xids == []
-    assert snap.errors == ["kernel log unreadable: %s: No such file or directory" % (tmp_path / "kmsg-denied")]
+    assert snap.xids == [] and snap.notes == []
+    assert snap.errors == ["kernel log unreadable: %s: Is a directory" % (tmp_path / "kmsg-denied")]
+
+
+def test_no_kernel_log_on_the_host_is_a_note_not_a_warning(sleeper, tmp_path):
+    # A container or a guest has no /dev/kmsg: said once in the result's evidence, never as a warning.
+    cfg = config(pid=sleeper.pid, url="http://127.0.0.1:%d" % closed_port(), timeout=0)
+    probe = HostProbe(cfg, nvml=fresh_nvml_api())
+    probe.kernel_log_path = str(tmp_path / "none")
+    result = wait_for_ready(cfg, probe)
+    assert "warnings" not in result or not any("kernel log" in w for w in result["warnings"]), result.get("warnings")
+    assert result["evidence"].count("kernel log: none on this host (%s)" % (tmp_path / "none")) == 1

@@ -11,7 +11,8 @@ of the records' own stamps) are left out: an Xid of last week is not this start'
 
 Reading /dev/kmsg needs root where kernel.dmesg_restrict is 1 (the default on Debian and Ubuntu):
 the module runs as root, a launcher running as the service user may not. Then `error` says why, and
-the wait goes on without this signal.
+the wait goes on without this signal (Xid evidence is lost: worth a warning). A host, container or
+guest with no /dev/kmsg at all is normal: `absent` says so, and it is no error.
 
 MODELWAKE_KMSG_PATH names another file for tests: a regular file of records in the same format, one
 per line (the scripted kernel log of tests/unit/test_kernel_log.py and the integration tests).
@@ -48,7 +49,7 @@ class KernelLog(object):
     """New kernel messages containing `match` since `since_usec` (None: every record in the buffer).
 
     read_new() -> [{"seq", "usec", "message"}]; `error` is why the log could not be read at the
-    latest look, else None."""
+    latest look, else None; `absent`: there is no such file (no kernel log on this host: no error)."""
 
     def __init__(self, since_usec=None, path=None, match="NVRM: Xid"):
         self.path = path or default_path()
@@ -56,6 +57,7 @@ class KernelLog(object):
         self.match = match
         self.last_seq = None
         self.error = None
+        self.absent = False
         self._fd = None
         self._pending = b""  # a regular file's partial last line, completed at a later look
 
@@ -90,9 +92,11 @@ class KernelLog(object):
             data = self._pending + b"".join(self._chunks(fd))
         except OSError as exc:
             self.close()
-            self.error = "kernel log unreadable: %s: %s" % (self.path, exc.strerror or exc)
+            self.absent = exc.errno == errno.ENOENT
+            self.error = None if self.absent else "kernel log unreadable: %s: %s" % (self.path, exc.strerror or exc)
             return []
         self.error = None
+        self.absent = False
         lines = data.split(b"\n")
         self._pending = lines.pop()  # b"" after a whole record; a file's line being written otherwise
         found = []

@@ -205,6 +205,7 @@ class HostProbe(object):
         xids = self._xids(root_pid)
         if self.kernel_log.error:
             errors.append(self.kernel_log.error)
+        notes = ["kernel log: none on this host (%s)" % self.kernel_log.path] if self.kernel_log.absent else []
         new_lines, context = [], []
         for source in self.sources:
             lines = source.read_new()
@@ -224,7 +225,7 @@ class HostProbe(object):
                         downloads=self.hub.read(processes) if processes else None,
                         ib_rcv_bytes=infiniband.received_bytes(ib_ports), ib_ports=ib_ports or None,
                         load=procfs.load(self.proc_root), xids=xids,
-                        crash_loop=self._crash_loop(unit))
+                        crash_loop=self._crash_loop(unit), notes=notes)
 
     def _xids(self, root_pid):
         """The kernel's Xid lines new since the previous look, from the server's start on, each with the

@@ -50,7 +50,10 @@ class Snapshot(object):
     log_context: List[str] = dataclasses.field(default_factory=list)  # first read, maybe an earlier run
     http: Optional[Dict[str, Any]] = None  # http_probe.probe_ready() result
     listeners: Optional[List[Dict[str, Any]]] = None  # owners of the URL's port when it listens
-    errors: List[str] = dataclasses.field(default_factory=list)  # signals that could not be read
+    errors: List[str] = dataclasses.field(default_factory=list)  # signals that could not be read: warnings
+    # What a look could not read because the host has no such thing (no kernel log in a container or
+    # guest): normal, said once in the result's evidence, never as a warning.
+    notes: List[str] = dataclasses.field(default_factory=list)
     # The Python stacks of the server's processes when this look read them (host/stacks.py
     # StackReader.read: {"processes": [...], "unavailable": None or why}), else None.
     stacks: Optional[Dict[str, Any]] = None

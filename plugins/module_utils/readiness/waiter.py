@@ -38,6 +38,7 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
     look_once = not config.timeout
     classifier = Classifier(config)
     warnings = []
+    notes = []
     progress_error = None
     while True:
         look_start = clock()
@@ -62,6 +63,7 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
                     warnings.append(history_error)
         # Signals that could not be read (journal access, systemctl, a GPU driver): said once.
         warnings.extend(e for e in snap.errors if e not in warnings)
+        notes.extend(n for n in snap.notes if n not in notes)
         if config.progress_path and progress_error is None:
             progress_error = _append_progress(config.progress_path, snap, verdict)
         if on_snapshot is not None:
@@ -77,6 +79,7 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
     del result["terminal"]
     result["elapsed"] = int(round(clock() - start))
     result["failed"] = not look_once and verdict.phase != READY
+    result["evidence"] = result["evidence"] + [note for note in notes if note not in result["evidence"]]
     if memory is not None:
         result.update(memory.result_fields())
     if progress_error:
