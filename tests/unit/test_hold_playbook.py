@@ -6,14 +6,16 @@ removes both files. The deploy's own skipping runs on a systemd guest (tests/int
 import json
 import os
 import re
-import subprocess
+import shutil
 import sys
+import tempfile
 
 import pytest
 
 from ansible_collections.modelwake.serving.plugins.module_utils.host.hold import read_hold
 
-from tests.helpers import ANSIBLE_PLAYBOOK, ROOT
+from modelwake_runner.cli import run_playbook
+
 from tests.unit.test_model_service_render import make_model
 from tests.unit.test_monitoring import promtool
 
@@ -35,38 +37,64 @@ def box(tmp_path_factory):
     return tmp
 
 
-def play(box, playbook, *extra):
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
-               USER="alice")
-    args = [ANSIBLE_PLAYBOOK, "-i", str(box / "inventory.json"), os.path.join(ROOT, "playbooks", playbook)]
-    for value in extra:
-        args += ["-e", value]
-    return subprocess.run(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True, timeout=300)
+class Played(object):
+    """One playbook run through ansible-runner: its exit status, its stats and its events as data."""
+
+    def __init__(self, runner):
+        self.rc = runner.rc
+        self.stats = runner.stats or {}
+        self.events = list(runner.events)
+
+    def changed(self, host="box"):
+        return (self.stats.get("changed") or {}).get(host, 0)
+
+    def tasks(self):
+        """The tasks that started, in order: [(name, role or None)]."""
+        return [(event["event_data"].get("task"), event["event_data"].get("role")) for event in self.events
+                if event.get("event") == "playbook_on_task_start"]
+
+    def results(self, task):
+        """[(event, result)] of one task's host results: runner_on_ok, _failed, _skipped."""
+        return [(event["event"], event["event_data"].get("res") or {}) for event in self.events
+                if event.get("event") in ("runner_on_ok", "runner_on_failed", "runner_on_skipped")
+                and event["event_data"].get("task") == task]
+
+    def messages(self):
+        """Every result's msg, the callback's line wrapping never in it."""
+        return [" ".join(str(event["event_data"]["res"]["msg"]).split()) for event in self.events
+                if event.get("event", "").startswith("runner_on_") and "msg" in (event["event_data"].get("res") or {})]
+
+    def said(self, text):
+        return any(text in message for message in self.messages())
+
+    def __str__(self):
+        return "rc %s, stats %s, messages %s" % (self.rc, self.stats, self.messages())
 
 
-def said(proc):
-    """The output with the callback's line wrapping undone."""
-    return " ".join(proc.stdout.replace("'", "").split())
+def play(inventory, playbook, extravars=None, env=None):
+    private = tempfile.mkdtemp(prefix="hold-play-")
+    try:
+        runner, _events = run_playbook(playbook, private, [str(inventory)], extravars, env=env, timeout=300)
+        return Played(runner)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
 
-def recap(proc):
-    found = re.search(r"box\s*: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", proc.stdout)
-    assert found, proc.stdout
-    return {"ok": int(found.group(1)), "changed": int(found.group(2)), "failed": int(found.group(4))}
+def play_hold(box, playbook, **extravars):
+    return play(box / "inventory.json", os.path.join("playbooks", playbook), extravars, env={"USER": "alice"})
 
 
 def test_a_hold_without_a_reason_is_refused_and_changes_nothing(box):
-    proc = play(box, "hold.yml")
-    assert proc.returncode != 0
-    assert "A hold needs a reason, nothing was changed" in said(proc) and "modelwake_hold_reason is empty" in said(proc)
+    proc = play_hold(box, "hold.yml")
+    assert proc.rc != 0
+    assert proc.said("A hold needs a reason, nothing was changed") and proc.said("modelwake_hold_reason is empty"), proc
     assert not (box / "hold").exists() and not os.listdir(str(box / "textfile"))
 
 
 def test_a_hold_writes_the_flag_and_the_metric_once(box):
-    proc = play(box, "hold.yml", "modelwake_hold_reason='reseat the NVLink bridge'")
-    assert proc.returncode == 0, proc.stdout
-    assert recap(proc)["changed"] == 3  # the directory, the flag, the textfile
+    proc = play_hold(box, "hold.yml", modelwake_hold_reason="reseat the NVLink bridge")
+    assert proc.rc == 0, proc
+    assert proc.changed() == 3, proc  # the directory, the flag, the textfile
     flag = box / "hold" / (UNIT + ".json")
     hold = read_hold(str(flag))
     assert hold.by == "alice" and hold.reason == "reseat the NVLink bridge"
@@ -76,32 +104,31 @@ def test_a_hold_writes_the_flag_and_the_metric_once(box):
     assert 'modelwake_held{name="%s.service"} 1\n' % UNIT in metric
     checked = promtool("check", "metrics", stdin=metric)  # as node_exporter's textfile collector takes it
     assert (checked.returncode, checked.stdout) == (0, ""), checked.stdout
-    assert "%s.service: held by alice since %s: reseat the NVLink bridge" % (UNIT, hold.since) in said(proc)
+    assert proc.said("%s.service: held by alice since %s: reseat the NVLink bridge" % (UNIT, hold.since)), proc
 
-    again = play(box, "hold.yml", "modelwake_hold_reason='reseat the NVLink bridge'")
-    assert again.returncode == 0 and recap(again)["changed"] == 0, again.stdout
+    again = play_hold(box, "hold.yml", modelwake_hold_reason="reseat the NVLink bridge")
+    assert again.rc == 0 and again.changed() == 0, again
     assert read_hold(str(flag)).since == hold.since  # the first hold's date stays
 
 
 def test_stop_leaves_a_held_unit_alone(box):
-    proc = play(box, "stop.yml")
-    assert proc.returncode == 0, proc.stdout
-    assert recap(proc)["changed"] == 0
-    assert re.search(r"%s\.service is held by alice since \S+: reseat the NVLink bridge;\s+left alone \(release with: "
-                     r"ansible-playbook playbooks/hold.yml -e modelwake_hold=false -e modelwake_deploy_model=k26\)" % UNIT,
-                     said(proc)), proc.stdout
-    assert re.search(r"TASK \[Stop and disable the units\][^\n]*\n(skipping: [^\n]*\n)+", proc.stdout), proc.stdout
+    proc = play_hold(box, "stop.yml")
+    assert proc.rc == 0 and proc.changed() == 0, proc
+    assert any(re.search(r"%s\.service is held by alice since \S+: reseat the NVLink bridge; left alone \(release with: "
+                         r"ansible-playbook playbooks/hold.yml -e modelwake_hold=false -e modelwake_deploy_model=k26\)"
+                         % UNIT, message) for message in proc.messages()), proc
+    stops = proc.results("Stop and disable the units")
+    assert stops and all(event == "runner_on_skipped" for event, _res in stops), stops
 
 
 def test_a_release_removes_the_flag_and_the_metric(box):
-    proc = play(box, "hold.yml", "modelwake_hold=false")
-    assert proc.returncode == 0, proc.stdout
-    assert recap(proc)["changed"] == 1
+    proc = play_hold(box, "hold.yml", modelwake_hold=False)
+    assert proc.rc == 0 and proc.changed() == 1, proc
     assert not (box / "hold" / (UNIT + ".json")).exists()
     assert not (box / "textfile" / (UNIT + "-hold.prom")).exists()
-    assert "%s.service: released (was held by alice since " % UNIT in said(proc)
-    again = play(box, "hold.yml", "modelwake_hold=false")
-    assert again.returncode == 0 and recap(again)["changed"] == 0 and "%s.service: not held" % UNIT in said(again)
+    assert proc.said("%s.service: released (was held by alice since " % UNIT), proc
+    again = play_hold(box, "hold.yml", modelwake_hold=False)
+    assert again.rc == 0 and again.changed() == 0 and again.said("%s.service: not held" % UNIT), again
 
 
 ROLE_PLAY = """
@@ -129,13 +156,9 @@ def test_the_roles_main_entry_point_ends_at_a_held_unit(tmp_path):
                                            "model_service_force_restart": True}}}}
     (tmp_path / "inventory.json").write_text(json.dumps(inventory))
     (tmp_path / "play.yml").write_text(ROLE_PLAY)
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-    proc = subprocess.run([ANSIBLE_PLAYBOOK, "-i", str(tmp_path / "inventory.json"), str(tmp_path / "play.yml")],
-                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout
-    assert recap(proc)["changed"] == 0, proc.stdout
-    assert "sglang-held.service is held by bob since 2026-12-04T23:30:00Z: BIOS update; left alone" in said(proc)
-    tasks = re.findall(r"^TASK \[model_service : ([^\]]+)\]", proc.stdout, re.M)
+    proc = play(tmp_path / "inventory.json", str(tmp_path / "play.yml"))
+    assert proc.rc == 0 and proc.changed() == 0, proc
+    assert proc.said("sglang-held.service is held by bob since 2026-12-04T23:30:00Z: BIOS update; left alone"), proc
+    tasks = [name for name, role in proc.tasks() if role == "model_service"]
     assert tasks[-1] == "Leave a held unit alone", tasks
     assert "Create the service user" not in tasks and "Request a restart the operator asked for" not in tasks
