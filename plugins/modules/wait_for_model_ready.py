@@ -466,7 +466,8 @@ source:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.modelwake.serving.plugins.module_utils.readiness.config import build_config
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness.config import (
+    DEFAULT_STALL_TIMEOUT, DEFAULT_TIMEOUT, build_config)
 from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import ModelWakeError
 from ansible_collections.modelwake.serving.plugins.module_utils.host.hold import read_hold
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.probe import HostProbe
@@ -484,8 +485,8 @@ ARGUMENT_SPEC = dict(
     ready_check=dict(type="str", choices=["completion", "health", "models"], default="completion"),
     model=dict(type="str"),
     api_key=dict(type="str", no_log=True),
-    timeout=dict(type="raw", default=3600),
-    stall_timeout=dict(type="raw", default=600),
+    timeout=dict(type="raw", default=DEFAULT_TIMEOUT),
+    stall_timeout=dict(type="raw", default=DEFAULT_STALL_TIMEOUT),
     poll_interval=dict(type="float", default=5),
     completion_timeout=dict(type="int", default=30),
     model_path=dict(type="path"),

@@ -5,7 +5,7 @@ import os
 
 from ..common.errors import ModelWakeError
 from ..host.hold import HOLD_DIR
-from ..readiness.config import build_config
+from ..readiness.config import DEFAULT_STALL_TIMEOUT, build_config
 from .disk_rate import read_disk_rate, tensor_parallel
 from .exit_codes import EXIT_CRASH_LOOP
 from .liveness import LIVENESS_CHECKS
@@ -32,8 +32,9 @@ def parse_args(argv):
     parser.add_argument("--gpus", default=None, help="GPU indices to watch, comma-separated (default: all)")
     parser.add_argument("--timeout", type=seconds_or_auto, default=86400,
                         help="overall deadline in seconds, or auto: from the unit's earlier starts (default 86400)")
-    parser.add_argument("--stall-timeout", type=seconds_or_auto, default=600,
-                        help="no progress this long = stalled, or auto: from the unit's earlier starts (default 600)")
+    parser.add_argument("--stall-timeout", type=seconds_or_auto, default=DEFAULT_STALL_TIMEOUT,
+                        help="no progress this long = stalled, or auto: from the unit's earlier starts (default %d)"
+                        % DEFAULT_STALL_TIMEOUT)
     parser.add_argument("--poll-interval", type=float, default=5, help="seconds between looks (default 5)")
     parser.add_argument("--py-spy", default="auto",
                         help="py-spy for the ranks' stacks during silent phases: auto (next to the engine's "

@@ -36,8 +36,8 @@ class WaitConfig(object):
     ready_check: str = "completion"
     model: Optional[str] = None
     api_key: Optional[str] = dataclasses.field(default=None, repr=False)
-    timeout: float = 3600
-    stall_timeout: float = 600
+    timeout: float = DEFAULT_TIMEOUT
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT
     poll_interval: float = 5
     model_path: Optional[str] = None
     expected_bytes: Optional[int] = None
