@@ -298,6 +298,19 @@ def test_a_reaped_rank_with_its_siblings_parked_fails_after_the_quiet_bound():
     assert "for 20 s: the ranks left wait for it; still alive: pid 100 (python3), TP0 (pid 101), TP2 (pid 103)" in verdict.msg
 
 
+def test_a_reaped_rank_after_which_the_start_went_on_is_no_failure_in_a_later_silence():
+    # The end is a note once anything moved after it; a later silence is the stall rule's, not a death.
+    cfg = config(engine="sglang", stall_timeout=600, poll_interval=5)
+    tree = Tree()
+    looks = [tree.look(0, lines=[INIT[0]])]
+    del tree.states[102]
+    looks += [tree.look(t) for t in (5, 10, 15)]  # the start goes on
+    tree.cpu_per_look = 0.0
+    looks += [tree.look(t) for t in range(20, 120, 5)]  # then a long silence, well under stall_timeout
+    seen = replay(cfg, looks)
+    assert set(v.phase for _t, v in seen) == {"initializing"}, [v.msg for _t, v in seen if v.phase != "initializing"]
+
+
 def test_a_reaped_rank_while_the_start_goes_on_is_a_note_not_a_failure():
     cfg = config(engine="sglang", stall_timeout=600, poll_interval=5)
     tree = Tree()

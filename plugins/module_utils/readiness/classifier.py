@@ -98,6 +98,9 @@ class Classifier(object):
         spinning = st.stacks.spinning_cpu_rate(snap.process.cpu, elapsed)
         work_rate = None if seen.cpu_rate is None else max(0.0, seen.cpu_rate - spinning)
         progress = seen.progress(cfg, work_rate)
+        for gone in st.ranks_gone:
+            # Progress at a later look than the one that found it gone (whose tree change is the end itself).
+            gone.went_on = gone.went_on or bool(progress and t > gone.t)
         look = rules.Look(t=t, snap=snap, events=seen, state=st, config=cfg, alive=self._alive(snap),
                           progressed=bool(progress), cpu_rate=seen.cpu_rate)
         verdict = rules.judge(rules.FAILURE_RULES, look)

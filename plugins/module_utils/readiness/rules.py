@@ -217,18 +217,19 @@ def rank_died(look):
 
 
 def rank_gone_quiet(look):
-    """A rank that exited 0 or was reaped unseen, and nothing moved since for RANK_GONE_QUIET seconds."""
-    ends = _soft_ends(look)
+    """A rank that exited 0 or was reaped unseen, and nothing moved from its end on for RANK_GONE_QUIET
+    seconds. Once the start made progress after such an end, the end is a note for good: a later silence
+    is the stall rule's to judge."""
+    ends = [gone for gone in _soft_ends(look) if not gone.went_on]
     if not ends or not look.alive or look.progressed:
         return None
-    bound = min(RANK_GONE_QUIET, look.config.stall_timeout)
-    since = max([look.state.last_progress_t or 0.0] + [gone.t for gone in ends])
-    if look.t - since < bound:
+    since = max(gone.t for gone in ends)
+    if look.t - since < min(RANK_GONE_QUIET, look.config.stall_timeout):
         return None
     return look.failed("failed: %s at +%s, and nothing has moved since (no log, no reads, no CPU, no HTTP change) for "
-                       "%s: the ranks left wait for it%s"
+                       "%s: the ranks left wait for it; still alive: %s"
                        % ("; ".join(wording.rank_gone(g) for g in ends), wording.secs(ends[0].t),
-                          wording.secs(look.t - since), "; still alive: " + ", ".join(wording.survivors(look.proc)[:12])))
+                          wording.secs(look.t - since), ", ".join(wording.survivors(look.proc)[:12])))
 
 
 def peer_left(look):
@@ -332,8 +333,8 @@ FAILURE_RULES = (
           LIVE + "test_rank_churn.py::test_a_helper_its_parent_sigterms_on_purpose_ends_ready",
           LIVE + "test_rank_churn.py::test_a_helper_forked_by_a_server_started_with_node_rank_0_ends_ready"),
          rank_died),
-    Rule("rank_gone_quiet", FAILED, "a rank that exited 0 or was reaped unseen, and no progress of any kind for "
-         "min(%d s, stall_timeout) since" % RANK_GONE_QUIET,
+    Rule("rank_gone_quiet", FAILED, "a rank that exited 0 or was reaped unseen, and no progress of any kind from its "
+         "end on for min(%d s, stall_timeout); once the start moved after the end, never" % RANK_GONE_QUIET,
          "failed: rank TP1 (pid P) is gone (exit status unknown: reaped) at +N s, and nothing has moved since ...",
          (UNIT + "test_classifier_arrivals.py::test_a_reaped_rank_with_its_siblings_parked_fails_after_the_quiet_bound",
           LIVE + "test_rank_churn.py::test_a_rank_killed_and_reaped_at_once_with_its_siblings_parked_fails_within_the_quiet_bound"),

@@ -21,6 +21,8 @@ class RankGone(object):
     rank: int
     t: float  # the look that found it gone
     status: Optional[int] = None  # its waitpid() status, read while it was a zombie; None: reaped unseen
+    # The start made progress after it ended: an end that proves no death is then only a note, for good.
+    went_on: bool = False
 
     def hard(self):
         """It ended by a signal or a non-zero exit: a death. An exit 0, or an end nobody saw, proves none."""
