@@ -11,6 +11,7 @@ modules of this package, imported by name (each says what it needs):
 - launcher_package: the launcher laid out as the model_service role installs it;
 - notify_listener: a real sd_notify receiver;
 - simharness: the simulated engine as a real process;
+- forked_server: a real server whose port a forked worker serves, not the process started;
 - guesthost: a systemd test host and playbook runs against it;
 - podman_guest: Podman on a test host and the simulated engine's image for it;
 - envkit: small wheels, venvs and playbook runs for the inference_env tests;

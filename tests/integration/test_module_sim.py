@@ -82,19 +82,24 @@ class Run(object):
         return "Run(rc=%s, %.1f s, %s)" % (self.rc, self.seconds, json.dumps(self.result, indent=1)[:4000])
 
 
-def module(url, pid, **options):
-    """Run wait_for_model_ready through `ansible localhost`; options as key=value module args."""
+def module(url, pid, env=None, **options):
+    """Run wait_for_model_ready through `ansible localhost`; options as key=value module args (as JSON
+    when one is a list or a dict, e.g. `peers`); env: more of the module's environment (it runs locally,
+    so it inherits Ansible's)."""
     args = dict(url=url, pid=pid, **options)
-    argv = [ANSIBLE, "localhost", "-c", "local", "-m", "wait_for_model_ready", "-a",
-            " ".join("%s=%s" % (k, v) for k, v in sorted(args.items()))]
+    if any(isinstance(v, (list, dict)) for v in args.values()):
+        text = json.dumps(args)
+    else:
+        text = " ".join("%s=%s" % (k, v) for k, v in sorted(args.items()))
+    argv = [ANSIBLE, "localhost", "-c", "local", "-m", "wait_for_model_ready", "-a", text]
     started = time.monotonic()
-    proc = subprocess.run(argv, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.run(argv, cwd=ROOT, env=dict(ENV, **(env or {})), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True, timeout=240)
     ended = time.monotonic()
     return Run(proc.returncode, parse(proc.stdout, proc.stderr), proc.stdout + proc.stderr, started, ended)
 
 
-def attached(sim, url=None, **options):
+def attached(sim, url=None, env=None, **options):
     """Run the module from the engine's first instant: the engine's process group is held stopped
     (SIGSTOP) until the module's first look is written to progress_path, so Ansible's own start-up
     time on a busy machine cannot let the engine pass the phase under test unobserved."""
@@ -102,7 +107,7 @@ def attached(sim, url=None, **options):
     os.killpg(sim.pid, signal.SIGSTOP)
     result = {}
     with ThreadPoolExecutor(1) as runner:
-        pending = runner.submit(lambda: result.setdefault("run", module(url or sim.url, sim.pid, **options)))
+        pending = runner.submit(lambda: result.setdefault("run", module(url or sim.url, sim.pid, env=env, **options)))
         try:
             poll(lambda: os.path.exists(options["progress_path"]) and os.path.getsize(options["progress_path"]), 120,
                  stop=pending.done)

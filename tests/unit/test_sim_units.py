@@ -82,6 +82,17 @@ def test_sglang_scheduler_exception_starts_on_the_header_line():
     assert out[-1] == "ValueError: v"
 
 
+def test_benign_error_lines_are_written_as_the_real_engines_write_them():
+    sglang = read_fd_output(lambda fd: logs.Logger("sglang", rank=1, fd=fd).benign_errors()).splitlines()
+    assert len(sglang) == 2
+    assert sglang[0][len("2026-04-14 16:08:51,862"):] == (
+        " - CUTE_DSL - WARNING - [handle_import_error] - Unexpected error during package walk: cutlass.cute.experimental")
+    assert sglang[1].endswith(" TP1] Unexpected error during package walk: cutlass.cute.experimental")
+    vllm = read_fd_output(lambda fd: logs.Logger("vllm", role="APIServer", pid=7, fd=fd).benign_errors())
+    assert vllm.startswith("(APIServer pid=7) WARNING ") and "[system_utils.py:255] Found ulimit of 20000 " in vllm
+    assert "`OSError: [Errno 24] Too many open files`" in vllm and vllm.endswith("Consider increasing with ulimit -n\n")
+
+
 # --- safetensors and make-model --------------------------------------------------------------
 def write_shard(path, tensors, data_len=None):
     header = safetensors.encode_header(tensors, {"format": "pt"})

@@ -9,6 +9,7 @@ Faults (`--fault KIND:PHASE`, faults.py) make a start crash, hang or lose a rank
 look like a rank's death (compile workers forked with a rank's title, a pseudo-scheduler and its
 loader that exit 0, helpers a rank SIGTERMs on purpose, a helper exiting 1 with `--node-rank 0` in
 its command line) and that still ends ready; `--churn-record PATH` lists every such child and how
-it ended, and the rank a fault killed, with the kill's time.
+it ended, and the rank a fault killed, with the kill's time. `--benign-error-lines` is the negative
+control of "a crash line fails the start": lines of a healthy start that look like a crash (logs.py).
 """
 __version__ = "0.1.0"

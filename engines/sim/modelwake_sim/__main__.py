@@ -142,6 +142,11 @@ def build_parser():
                        help="append one JSON line per churn child once reaped (pid, parent, how it was made, its "
                             "title, how it ended, wall time), and the rank a rankkill or rankreap fault kills, "
                             "with the kill's wall time")
+    serve.add_argument("--benign-error-lines", action="store_true",
+                       help="a healthy start that logs lines looking like a crash, as the real engines do: "
+                            "SGLang's 'Unexpected error during package walk: cutlass.cute.experimental' (CuTe DSL's "
+                            "import check) from every rank as initialisation begins; vLLM's ulimit warning quoting "
+                            "`OSError: [Errno 24] Too many open files` at start")
     serve.add_argument("--repack-seconds", type=_positive(float), default=0.0,
                        help="a silent weight post-processing phase after loading (K2.6's Marlin repack): "
                             "layer after layer, a long native call on a fresh buffer (default 0: none)")

@@ -13,6 +13,14 @@ import time
 SGLANG = "sglang"
 VLLM = "vllm"
 
+# `--benign-error-lines`: lines of healthy starts that look like a crash and are none, as the real
+# engines print them. CuTe DSL's import check, from every SGLang rank as it starts to capture graphs
+# (cutlass's own logger, then SGLang's); vLLM's ulimit warning, which quotes an exception.
+CUTE_DSL_WALK = "Unexpected error during package walk: cutlass.cute.experimental"
+VLLM_ULIMIT = ("Found ulimit of 20000 and failed to automatically increase with error current limit exceeds maximum "
+               "limit. This can cause fd limit errors like `OSError: [Errno 24] Too many open files`. Consider "
+               "increasing with ulimit -n")
+
 
 def sglang_prefix(rank=None, now=None):
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
@@ -102,6 +110,17 @@ class Logger:
             self._write(line + "\n")
         else:
             self._write(self._vprefix() + line + "\n")
+
+    def benign_errors(self):
+        """`--benign-error-lines`: this engine's healthy lines that look like a crash."""
+        if self.engine == SGLANG:
+            now = time.time()
+            self._write("%s,%03d - CUTE_DSL - WARNING - [handle_import_error] - %s\n"
+                        % (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)), int(now * 1000) % 1000,
+                           CUTE_DSL_WALK))
+            self.warning(CUTE_DSL_WALK)
+        else:
+            self.warning(VLLM_ULIMIT, "system_utils.py:255")
 
     def uvicorn(self, message):
         """Uvicorn's logger: SGLang reconfigures it to `[<time>] INFO:     <msg>`."""

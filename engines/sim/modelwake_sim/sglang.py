@@ -200,6 +200,8 @@ class SGLangServer(engine.ApiServer):
             r.wait_for_group(nodes.AFTER_LOAD, "Rank %d" % r.rank, COLLECTIVE_FRAMES, COLLECTIVE_TIMEOUT)
 
         init_started = time.monotonic()
+        if opts.benign_error_lines:
+            log.benign_errors()  # CuTe DSL's import check, as the graph capture imports it
         churn.in_rank(r, opts)  # --churn compile-workers, helper-sigterm: children made, ended, reaped
         if opts.python_work_seconds:
             r.python_work(opts.python_work_seconds)

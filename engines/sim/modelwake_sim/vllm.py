@@ -24,6 +24,8 @@ class VLLMServer(engine.ApiServer):
         self._startup_pause()
         self.log.info("vLLM API server version %s" % engine.VLLM_VERSION, "api_server.py:1839")
         self.log.info("non-default args: %s" % self._non_default_args(), "utils.py:253")
+        if opts.benign_error_lines:
+            self.log.benign_errors()
         # vLLM binds early (create_server_socket) but does not listen: connects are refused.
         self.sock = self._bind()
         problem = self._check_model()
