@@ -96,11 +96,15 @@ class SimRunner(object):
         self.started = []
         self.lock = threading.Lock()
 
-    def start(self, engine, model, *extra, env=None, port=None):
+    def start(self, engine, model, *extra, env=None, port=None, log_before=""):
+        """log_before: what the log file holds before this start appends to it (an earlier run's lines,
+        as in a file appended to across restarts)."""
         port = port or free_port()
         with self.lock:
             log_path = os.path.join(self.log_dir, "sim-%d-%s.log" % (len(self.started), engine))
             with open(log_path, "wb") as log:
+                log.write(log_before.encode("utf-8"))
+                log.flush()  # the engine writes after it, through the same open file
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "modelwake_sim", "serve", "--engine", engine, "--model-path", model,
                      "--host", "127.0.0.1", "--port", str(port)] + self.fast + list(extra),

@@ -80,6 +80,20 @@ def test_a_healthy_start_that_logs_lines_like_a_crash_ends_ready(tmp_path, sims,
     assert len(seen) == 4 and sum(" TP1] " in line for line in seen) == 1, seen
 
 
+def test_an_earlier_runs_crash_in_an_appended_log_ends_ready(tmp_path, sims, model_dir):
+    # The log file is appended to across restarts: the earlier run crashed (its own start line, then its
+    # traceback); the new run's first line comes only after its imports (--start-seconds).
+    old = sims.start("sglang", model_dir, "--fault", "crash1:loading", "--fault-after", "0.3")
+    old.wait_exit()
+    earlier = old.log()
+    assert "Scheduler hit an exception" in earlier and "server_args=ServerArgs(" in earlier
+    sim = sims.start("sglang", model_dir, "--start-seconds", "3", log_before=earlier)
+    run, looks = start_looks(tmp_path, sim, "sglang")
+    assert_ready_without_a_death(run, verdicts_of(looks))
+    # The first look read the earlier crash; the start went on to ready all the same.
+    assert "Scheduler hit an exception" in " ".join(looks[0]["snapshot"]["log_context"])
+
+
 def test_children_that_exit_while_the_watched_process_lives_end_ready(tmp_path, sims, model_dir):
     # The watched process forks a helper that exits 1; its rank fork+execs compile workers that exit 0.
     record = str(tmp_path / "churn.jsonl")

@@ -453,14 +453,43 @@ OLD_CRASH = ["[2026-05-25 18:00:00 TP0] Scheduler hit an exception: Traceback (m
 @pytest.mark.parametrize("context,expected", [
     (OLD_CRASH, "starting"),  # cannot tell which run: not taken at face value
     (["server_args=ServerArgs(model_path='/old')"] + OLD_CRASH + ["server_args=ServerArgs(model_path='/m')"], "starting"),
-    (["server_args=ServerArgs(model_path='/m')"] + OLD_CRASH, "failed"),  # after this run's start marker
-], ids=["no-run-marker", "crash-of-earlier-run", "crash-of-this-run"])
+    # After a start marker, but the tail may be an earlier run's whose own start line it is: held while alive.
+    (["server_args=ServerArgs(model_path='/m')"] + OLD_CRASH, "starting"),
+], ids=["no-run-marker", "crash-of-earlier-run", "crash-of-this-run-or-an-earlier-one"])
 def test_fatal_lines_in_a_file_tail_count_only_when_they_follow_a_run_start(context, expected):
     cfg = config(engine="sglang")
     trace = Trace()
     # Two looks: a crash line without a named cause waits one look for its traceback.
     _t, final = replay(cfg, [trace.step(0, context=context), trace.step(5, cpu=1)])[-1]
     assert final.phase == expected
+
+
+TAIL_WITH_A_CRASH = ["server_args=ServerArgs(model_path='/m')"] + OLD_CRASH
+
+
+def test_a_crash_in_a_file_tail_fails_once_no_run_started_for_a_minute_or_at_once_when_the_server_is_gone():
+    cfg = config(engine="sglang")
+    trace = Trace()
+    looks = [trace.step(0, context=TAIL_WITH_A_CRASH)] + [trace.step(t, cpu=0.5) for t in range(5, 70, 5)]
+    seen = replay(cfg, looks)
+    # At 60 s, and one more look for a traceback that names the cause (OLD_CRASH has none).
+    assert [t for t, v in seen if v.phase == "failed"] == [65], [(t, v.phase) for t, v in seen]
+    assert seen[-1][1].msg.startswith("failed: the server logged a fatal error (in the log before this wait began, and "
+                                      "no run started since): ")
+    trace = Trace()
+    gone = replay(cfg, [trace.step(0, context=TAIL_WITH_A_CRASH), trace.step(5, alive=False)])[-1][1]
+    assert gone.phase == "failed" and gone.rule in ("fatal_log_line", "process_exited")
+
+
+def test_a_crash_of_an_earlier_run_in_a_file_tail_is_cleared_by_this_runs_start_line():
+    # The log appended to across restarts: the earlier run crashed; this one prints its first line after its imports.
+    cfg = config(engine="sglang")
+    trace = Trace()
+    looks = [trace.step(0, context=TAIL_WITH_A_CRASH), trace.step(5, cpu=0.9),
+             trace.step(10, cpu=0.9, lines=["server_args=ServerArgs(model_path='/m')"]),
+             trace.step(15, cpu=0.9, lines=[SGLANG_PREFIX + "Load weight begin. avail mem=94.13 GB"])]
+    looks += [trace.step(t, cpu=0.9) for t in range(20, 80, 5)]
+    assert set(v.phase for _t, v in replay(cfg, looks)) <= {"starting", "loading", "initializing"}
 
 
 # -- state persistence --------------------------------------------------------------------------

@@ -88,6 +88,7 @@ def read_logs(state, lines, context):
             state.listen_url = engines.listen_url(line)
         if kind == "fatal" and run_seen and state.fatal is None:
             state.fatal = line
+            state.fatal_in_context = context
         if kind == "heartbeat":
             continue
         shards = engines.shard_progress(line)

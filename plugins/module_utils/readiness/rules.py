@@ -23,6 +23,10 @@ from .verdict import Verdict
 # only when nothing at all moved for this long after it went (no log, no reads, no CPU of the tree's,
 # no GPU memory, no HTTP or status change), or stall_timeout if that is shorter: the ranks left wait for it.
 RANK_GONE_QUIET = 20.0
+# A crash line read only in the log's first read (the tail of a file appended to across restarts) may be an
+# earlier run's, after that run's own start line: while the server lives, it fails the start only when no
+# start line of a new run came for this long (an engine prints its first line after its imports).
+CONTEXT_CRASH_WAIT = 60.0
 # What a rule returns when its evidence is there but the next look may bring its cause (a traceback, the
 # engine's word on a dead rank): no verdict at this look, and no later rule judges it.
 HOLD = "hold"
@@ -122,6 +126,8 @@ def fatal_log_line(look):
     st = look.state
     if st.fatal is None:
         return None
+    if st.fatal_in_context and look.alive and look.t < CONTEXT_CRASH_WAIT:
+        return None  # maybe an earlier run's: this run's start line would clear it (state.new_run)
     cause = engines.root_cause(st.tail, st.fatal)
     if cause[0] == st.fatal and look.alive and not st.fatal_waited:
         # No line names the cause yet: its traceback may arrive with the next look.
@@ -132,8 +138,10 @@ def fatal_log_line(look):
         cause = cause[:1] + [st.fatal] + cause[1:]
     # The engine's own word confirms the ranks it lost, however they ended.
     gone = [g for g in st.ranks_gone if g in _hard_deaths(look) or g in _soft_ends(look)]
-    return look.failed("failed: the server logged a fatal error: %s%s%s"
-                       % (cause[0].strip(), wording.rank_death_note(gone, look.proc), _port_note(look)), evidence=cause)
+    earlier = " (in the log before this wait began, and no run started since)" if st.fatal_in_context else ""
+    return look.failed("failed: the server logged a fatal error%s: %s%s%s"
+                       % (earlier, cause[0].strip(), wording.rank_death_note(gone, look.proc), _port_note(look)),
+                       evidence=cause)
 
 
 def _unit_detail(unit):
@@ -300,11 +308,15 @@ FAILURE_RULES = (
          (UNIT + "test_crash_loop.py::test_a_wait_that_begins_on_a_stopped_loop_names_it_before_the_last_runs_own_error",),
          (UNIT + "test_rules.py::test_a_unit_with_no_stopped_loop_is_judged_by_its_run",),
          crash_loop_stopped),
-    Rule("fatal_log_line", FAILED, "a crash line of the current run in the log (one more look for its traceback)",
+    Rule("fatal_log_line", FAILED, "a crash line of the current run in the log (one more look for its traceback); one "
+         "read only in the log's first read, while the server lives, after %d s with no new run's start line"
+         % CONTEXT_CRASH_WAIT,
          "failed: the server logged a fatal error: <the line that names the cause>",
          (UNIT + "test_classifier.py::test_crash_names_its_cause_first_in_the_evidence_and_in_the_message",),
          (UNIT + "test_classifier.py::test_ambiguous_sglang_unexpected_error_line_alone_is_not_fatal",
-          LIVE + "test_rule_controls.py::test_a_healthy_start_that_logs_lines_like_a_crash_ends_ready"),
+          LIVE + "test_rule_controls.py::test_a_healthy_start_that_logs_lines_like_a_crash_ends_ready",
+          UNIT + "test_classifier.py::test_a_crash_of_an_earlier_run_in_a_file_tail_is_cleared_by_this_runs_start_line",
+          LIVE + "test_rule_controls.py::test_an_earlier_runs_crash_in_an_appended_log_ends_ready"),
          fatal_log_line),
     Rule("unit_not_found", FAILED, "unit mode: systemd knows no such unit", "failed: unit U does not exist",
          (UNIT + "test_rules.py::test_a_unit_that_does_not_exist_fails_at_once",),

@@ -46,6 +46,9 @@ class ClassifierState(object):
     tail: List[str] = dataclasses.field(default_factory=list)  # the run's last TAIL_LINES lines
     fatal: Optional[str] = None  # the run's first crash line
     fatal_waited: bool = False  # one more look was given to the traceback that names its cause
+    # The crash line was found only in the first read, which may hold earlier runs (a file appended to
+    # across restarts): its run-start line may be an earlier run's, and this run's may still come.
+    fatal_in_context: bool = False
     rank_death_waited: bool = False  # one more look was given to the engine's own word on a dead rank
     listen_url: Optional[str] = None  # where the server logged that it listens
     status_phase: Optional[str] = None  # the phase a notify unit's launcher names in its STATUS=
@@ -104,6 +107,7 @@ class ClassifierState(object):
         self.tail = []
         self.fatal = None
         self.fatal_waited = False
+        self.fatal_in_context = False
         self.shards = None
         self.marker_phase = STARTING
         self.marker_line = line
