@@ -92,9 +92,9 @@ import base64
 import binascii
 import fnmatch
 import os
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.modelwake.serving.plugins.module_utils.common.atomic import replace_file
 
 ARGUMENT_SPEC = {
     "path": {"type": "path", "required": True},
@@ -180,16 +180,7 @@ def set_attributes(module, target, owner, group, mode):
 
 def write_file(module, target, content, owner, group, mode):
     """Replace target by a complete new file with content (a rename: never a half-written file)."""
-    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".%s." % os.path.basename(target))
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(content)
-        set_attributes(module, temporary, owner, group, mode)
-        os.rename(temporary, target)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    replace_file(target, content, mode=None, prepare=lambda temporary: set_attributes(module, temporary, owner, group, mode))
 
 
 def main():

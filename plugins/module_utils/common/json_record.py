@@ -4,6 +4,8 @@ replaced whole, so a reader never sees half of it."""
 import json
 import os
 
+from .atomic import replace_file
+
 
 def read_record(path):
     """The JSON object in `path`, or {} when there is none, it cannot be read or it is not an object."""
@@ -18,7 +20,4 @@ def read_record(path):
 def replace_record(path, record):
     """Write `record` to `path` atomically, making its directory first."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    partial = path + ".partial"
-    with open(partial, "w") as handle:
-        json.dump(record, handle, sort_keys=True)
-    os.replace(partial, path)
+    replace_file(path, json.dumps(record, sort_keys=True))

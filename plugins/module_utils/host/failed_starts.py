@@ -14,6 +14,7 @@ import json
 import os
 import re
 
+from ..common.atomic import replace_file
 from ..common.formatting import duration
 
 FILE_NAME = "failed-starts.json"
@@ -108,16 +109,4 @@ def read_record(directory):
 
 def write_record(directory, record):
     """Atomically (a reader never sees half a file); raises OSError."""
-    path = record_path(directory)
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    try:
-        with open(tmp, "w") as handle:
-            json.dump(record, handle, indent=1, sort_keys=True)
-            handle.write("\n")
-        os.rename(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    replace_file(record_path(directory), json.dumps(record, indent=1, sort_keys=True) + "\n")

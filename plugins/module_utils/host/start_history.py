@@ -8,6 +8,8 @@ a disk error) is skipped, never fatal: the record only ever improves estimates.
 import json
 import os
 
+from ..common.atomic import replace_file
+
 MAX_RECORDS = 100
 FILE_NAME = "starts.jsonl"
 
@@ -37,13 +39,8 @@ def read_records(path):
 def append_record(path, record, limit=MAX_RECORDS):
     """Add one record, keeping the newest `limit`. Returns an error text, or None."""
     records = (read_records(path) + [record])[-limit:]
-    tmp = "%s.%d.tmp" % (path, os.getpid())
     try:
-        with open(tmp, "w") as handle:
-            for entry in records:
-                handle.write(json.dumps(entry, sort_keys=True) + "\n")
-        os.chmod(tmp, 0o644)
-        os.rename(tmp, path)
+        replace_file(path, "".join(json.dumps(entry, sort_keys=True) + "\n" for entry in records))
     except OSError as exc:
         return "start history %s could not be written: %s" % (path, exc)
     return None

@@ -4,8 +4,8 @@ In Prometheus' own conventions (promtool check metrics): counters end in _total,
 _ratio, a point in time is _timestamp_seconds since the epoch; the unit is the label `name`, its
 full name, as node_exporter's systemd collector labels it, so the two join on(name).
 """
-import os
 
+from ..common.atomic import replace_file
 from ..readiness.phases import PHASES, TERMINAL
 
 
@@ -76,12 +76,8 @@ def start_lines(labels, starts):
 
 def write_textfile(path, text):
     """Atomically: the collector must never read a half-written file. Returns an error or None."""
-    tmp = "%s.%d.tmp" % (path, os.getpid())
     try:
-        with open(tmp, "w") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o644)
-        os.rename(tmp, path)
+        replace_file(path, text)
     except OSError as exc:
         return "textfile %s could not be written: %s" % (path, exc)
     return None

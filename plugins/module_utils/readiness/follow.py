@@ -21,6 +21,7 @@ import tempfile
 import time
 import traceback
 
+from ..common.atomic import replace_file
 from .engines import PROBE_ACCESS
 from .phases import STARTING
 from .waiter import wait_for_ready
@@ -96,15 +97,7 @@ class Progress(object):
 
 def _write(path, data):
     """Atomically (the controller's cat never sees half a file), 0600 like mkstemp's files."""
-    fd, tmp = tempfile.mkstemp(prefix=STATE_PREFIX, suffix=".tmp", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, sort_keys=True, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    replace_file(path, json.dumps(data, sort_keys=True, default=str), mode=None)
 
 
 class ControllerGone(Exception):
