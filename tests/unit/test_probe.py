@@ -63,7 +63,7 @@ def test_pid_mode_snapshot_of_a_real_server(server, fake_nvml):
     assert snap.gpus == [{"index": 0, "uuid": "GPU-0", "memory_used_mib": 1024, "memory_total_mib": 97887,
                           "memory_free_mib": 97887 - 1024, "utilization": 3}]
     assert snap.log_context == ["[2026-05-25 19:06:14 TP0] Load weight begin. avail mem=85 GB"] and snap.log_lines == []
-    assert snap.http["health"]["code"] == 503 and snap.http["listening"] is True
+    assert snap.http.health.code == 503 and snap.http.listening is True
     assert [o["pid"] for o in snap.listeners] == [proc.pid]
     json.dumps(snap.to_dict())  # plain data
     assert snap.errors == []
@@ -71,7 +71,7 @@ def test_pid_mode_snapshot_of_a_real_server(server, fake_nvml):
     proc.wait()
     gone = probe.snapshot(5.0)
     assert gone.process.alive is False and gone.process.pids == []
-    assert gone.http["listening"] is False
+    assert gone.http.listening is False
 
 
 def test_pid_mode_refuses_a_pid_that_is_gone():
@@ -121,7 +121,7 @@ def test_unit_mode_snapshot_uses_systemd_and_the_journal(idle_process, fake_nvml
     # The cgroup is not there (no systemd here): the MainPID's tree stands in.
     assert snap.process.pids == [proc.pid] and snap.process.alive is True
     assert snap.log_lines == ["Init torch distributed begin."] and snap.log_context == []
-    assert snap.http["health"]["kind"] == "refused"
+    assert snap.http.health.kind == "refused"
 
 
 def test_unit_mode_counts_what_the_cgroup_saw_beyond_the_tree(idle_process, fake_nvml):

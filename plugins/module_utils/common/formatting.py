@@ -26,10 +26,12 @@ def mib(count):
 
 
 def http_result(result):
-    """An HTTP probe's result (host.http_probe.request) in short words: `refused`, `503`,
-    `timeout (no answer in 30 s)`; `not asked` for None."""
+    """An HTTP probe's result (host.http_probe.request's dict, or the readiness snapshot's HttpResult) in
+    short words: `refused`, `503`, `timeout (no answer in 30 s)`; `not asked` for None."""
     if result is None:
         return "not asked"
+    if not isinstance(result, dict):
+        result = vars(result)
     if result["kind"] == "status":
         return "%d" % result["code"]
     if result["kind"] == "refused":

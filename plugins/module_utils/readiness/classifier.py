@@ -137,7 +137,7 @@ class Classifier(object):
         # A completion that timed out once is asked again with a short timeout (the waiter's choice)
         # while nothing else moves: a hung engine costs one full completion_timeout, not one per look.
         # Any progress, or an answer, gives the next one its full time again.
-        timed_out = ((snap.http or {}).get("completion") or {}).get("kind") == "timeout"
+        timed_out = snap.http is not None and snap.http.completion is not None and snap.http.completion.kind == "timeout"
         st.completion_hung = timed_out and not (st.completion_hung and progress)
 
     def _take_back_spun_cpu(self):
@@ -200,7 +200,7 @@ class Classifier(object):
             st.load_read0 = None if st.read_prev is None else st.read_prev - (read_delta or 0)
         if phase == LOADING and self._load_done(t, work_rate):
             phase = INITIALIZING
-        if http and http.get("listening"):
+        if http is not None and http.listening:
             phase = later(phase, INITIALIZING)  # the port answers only after loading
         return phase
 
@@ -234,8 +234,8 @@ class Classifier(object):
     def _ready(self, look):
         """`ready`: the ready check passed while the server runs; a Type=notify unit is ready for
         systemd (and units ordered After= it) only once its launcher sent READY=1."""
-        http = look.snap.http or {}
-        if http.get("ready") and look.alive and not self._awaiting_ready_notification(look.snap.unit):
+        http = look.snap.http
+        if http is not None and http.ready and look.alive and not self._awaiting_ready_notification(look.snap.unit):
             st = self.state
             return Verdict(READY, "ready after %s: %s" % (wording.secs(look.t), wording.ready_reason(self.config, http)),
                            evidence=[st.marker_line] if st.marker_line else [])
@@ -243,10 +243,10 @@ class Classifier(object):
 
     def _in_phase(self, look):
         st = self.state
-        http = look.snap.http or {}
+        http = look.snap.http
         since = wording.secs(st.phase_start(look.phase, look.t))
         msg = "%s since +%s: %s" % (look.phase, since, wording.picture(st, look.snap, look.proc, look.cpu_rate))
-        if http.get("ready") and self._awaiting_ready_notification(look.snap.unit):
+        if http is not None and http.ready and self._awaiting_ready_notification(look.snap.unit):
             msg += "; the completion answers, the unit waits for its launcher's READY=1"
         if st.ready_hint:
             msg += "; the engine logged that it is ready but the %s check does not pass yet" % self.config.ready_check

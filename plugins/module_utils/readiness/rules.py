@@ -252,8 +252,7 @@ def peer_left(look):
 
 
 def vllm_engine_dead(look):
-    health = (look.snap.http or {}).get("health") or {}
-    if look.state.engine == "vllm" and health.get("kind") == "status" and health.get("code") == 503:
+    if look.state.engine == "vllm" and look.snap.http is not None and look.snap.http.status("health") == 503:
         return look.failed("failed: vLLM's /health answers 503: its engine core is dead")
     return None
 
@@ -273,7 +272,7 @@ def stalled(look):
     return Verdict(STALLED, "stalled: no progress for %s in phase %s (last progress: %s at +%s; %s)%s"
                    % (wording.secs(look.quiet), look.phase, look.state.last_progress,
                       wording.secs(look.state.last_progress_t), wording.picture(look.state, look.snap, look.proc, look.cpu_rate),
-                      _hang_notes(look)), evidence=wording.hang_evidence(look.state, look.snap.http or {}), terminal=True)
+                      _hang_notes(look)), evidence=wording.hang_evidence(look.state, look.snap.http), terminal=True)
 
 
 def timeout(look):
@@ -283,12 +282,12 @@ def timeout(look):
                    % (wording.secs(look.t), look.phase, wording.secs(look.state.phase_start(look.phase, look.t)),
                       wording.secs(look.quiet), look.state.last_progress,
                       wording.picture(look.state, look.snap, look.proc, look.cpu_rate), _hang_notes(look)),
-                   evidence=wording.hang_evidence(look.state, look.snap.http or {}), terminal=True)
+                   evidence=wording.hang_evidence(look.state, look.snap.http), terminal=True)
 
 
 def _hang_notes(look):
     st = look.state
-    return (wording.http_notes(st, look.config, look.snap.http or {}) + wording.peer_notes(st, look.config)
+    return (wording.http_notes(st, look.config, look.snap.http) + wording.peer_notes(st, look.config)
             + wording.network_note(st, look.snap, look.t) + wording.saturation_note(look.snap.load)
             + (st.spin_note or "") + look.where)
 

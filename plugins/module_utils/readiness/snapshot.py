@@ -41,6 +41,38 @@ class ProcessTree(object):
 
 
 @dataclasses.dataclass
+class HttpResult(object):
+    """One request's outcome (host/http_probe.py request()): kind is status, refused, timeout or error."""
+    kind: str
+    code: Optional[int] = None  # the HTTP status, for kind status
+    body: Optional[str] = None
+    error: Optional[str] = None  # why there is no status
+
+
+@dataclasses.dataclass
+class HttpAnswers(object):
+    """The ready check's requests at one look (host/http_probe.py probe_ready()); a request not made is None."""
+    health: Optional[HttpResult] = None
+    models: Optional[HttpResult] = None
+    completion: Optional[HttpResult] = None
+    model: Optional[str] = None  # the model name the completion asked for
+    ready: bool = False  # the ready check passed
+    listening: bool = False  # something answers on the port (a status or a timeout, not a refusal)
+
+    @classmethod
+    def from_dict(cls, data):
+        """From probe_ready()'s dict or a recorded trace's; a key that is no field is an error."""
+        requests = dict((name, HttpResult(**data[name]) if data.get(name) else None)
+                        for name in ("health", "models", "completion"))
+        return cls(**dict(data, **requests))
+
+    def status(self, name):
+        """The HTTP status `name` (health, models, completion) answered, else None."""
+        result = getattr(self, name)
+        return result.code if result is not None and result.kind == "status" else None
+
+
+@dataclasses.dataclass
 class Snapshot(object):
     t: float  # seconds since the wait began (monotonic clock)
     process: ProcessTree = dataclasses.field(default_factory=ProcessTree)  # a dict is read as one
@@ -48,7 +80,7 @@ class Snapshot(object):
     gpus: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
     log_lines: List[str] = dataclasses.field(default_factory=list)  # new lines since last poll
     log_context: List[str] = dataclasses.field(default_factory=list)  # first read, maybe an earlier run
-    http: Optional[Dict[str, Any]] = None  # http_probe.probe_ready() result
+    http: Optional[HttpAnswers] = None  # the ready check's requests (a dict is read as one); None: none made
     listeners: Optional[List[Dict[str, Any]]] = None  # owners of the URL's port when it listens
     errors: List[str] = dataclasses.field(default_factory=list)  # signals that could not be read: warnings
     # What a look could not read because the host has no such thing (no kernel log in a container or
@@ -84,6 +116,8 @@ class Snapshot(object):
     def __post_init__(self):
         if isinstance(self.process, dict):
             self.process = ProcessTree.from_dict(self.process)
+        if isinstance(self.http, dict):
+            self.http = HttpAnswers.from_dict(self.http) if self.http else None
 
     def to_dict(self):
         return dataclasses.asdict(self)

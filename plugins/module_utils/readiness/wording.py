@@ -22,13 +22,13 @@ def secs(seconds):
 
 def http_signature(http):
     """The HTTP answers in short: `/health 200, /models refused`; None before any probe."""
-    if not http:
+    if http is None:
         return None
     parts = []
     for name in ("health", "models", "completion"):
-        result = http.get(name)
-        if result:
-            parts.append("/%s %s" % (name, result["code"] if result["kind"] == "status" else result["kind"]))
+        result = getattr(http, name)
+        if result is not None:
+            parts.append("/%s %s" % (name, result.code if result.kind == "status" else result.kind))
     return ", ".join(parts)
 
 
@@ -56,10 +56,11 @@ def picture(state, snap, proc, cpu_rate):
 
 def http_notes(state, config, http):
     """Why the HTTP answers cannot pass, when the reason is plain: a wrong port, a missing key."""
+    if http is None:
+        return ""
     notes = []
     logged = state.listen_url
-    health = http.get("health") or {}
-    if logged and health.get("kind") == "refused":
+    if logged and http.health is not None and http.health.kind == "refused":
         try:
             logged_port = urlparse(logged).port
         except ValueError:
@@ -67,10 +68,9 @@ def http_notes(state, config, http):
         if logged_port and logged_port != config.port():
             notes.append("the server logged that it listens on %s, not on port %d of the url: fix the url"
                          % (logged, config.port()))
-    denied = [name for name in ("models", "completion")
-              if (http.get(name) or {}).get("kind") == "status" and http[name]["code"] in (401, 403)]
+    denied = [name for name in ("models", "completion") if http.status(name) in (401, 403)]
     if denied:
-        notes.append("/%s answers %d: %s" % (denied[0], http[denied[0]]["code"],
+        notes.append("/%s answers %d: %s" % (denied[0], http.status(denied[0]),
                                              "the api_key was refused" if config.api_key
                                              else "the server wants an api_key"))
     return "".join("; " + note for note in notes)
@@ -78,7 +78,7 @@ def http_notes(state, config, http):
 
 def ready_reason(config, http):
     if config.ready_check == "completion":
-        return "a completion for model %r answered 200 with choices" % http.get("model")
+        return "a completion for model %r answered 200 with choices" % http.model
     return "GET /%s answered 200" % ("health" if config.ready_check == "health" else "v1/models")
 
 
@@ -89,10 +89,10 @@ def crash_evidence(state):
 def hang_evidence(state, http):
     """The last log lines, after a hung request's own account: a hung vLLM still answers /health."""
     evidence = state.tail[-10:]
-    completion = http.get("completion") or {}
-    if completion.get("kind") == "timeout":
+    completion = http.completion if http is not None else None
+    if completion is not None and completion.kind == "timeout":
         evidence = ["POST /v1/completions (model %r): %s, while GET /health answered %s"
-                    % (http.get("model"), completion.get("error"), http_result(http.get("health")))] + evidence
+                    % (http.model, completion.error, http_result(http.health))] + evidence
     return evidence
 
 
