@@ -73,7 +73,7 @@ CATALOG = {
     "ready_timeout": {"type": "str", "seconds_or_auto": True},
     "stall_timeout": {"type": "str", "seconds_or_auto": True},
     "expected_load_seconds": {"type": "int"},
-    # Containers (docs/operating.md, "Containers"): the runtime, the image by name, its pinned ID, an archive.
+    # Containers (docs/containers.md): the runtime, the image by name, its pinned ID, an archive.
     "runtime": {"type": "str", "choices": ["venv", "podman", "docker"]},
     "image": {"type": "str"},
     "image_id": {"type": "str"},

@@ -5,7 +5,7 @@ downloaded on this machine as Podman's are (podman_guest.guest_debs). The image 
 recipe (the test hosts' root filesystem plus the simulated engine), slimmed to one layer (image_tar), imported
 on a guest once and cached as a gzipped `docker save` archive: Docker 20.10 loads no OCI archive.
 
-What the guests need that a real host does not (docs/operating.md, "Containers"): the guests' cgroup v1
+What the guests need that a real host does not (docs/containers.md): the guests' cgroup v1
 controllers are read-only, and runc, as root, fails creating the container's cgroups there. A wrapper,
 Docker's default runtime on the guest only, runs runc as rootless runc does (`--rootless=true`: it then
 passes over the cgroups it cannot create) with the container's cgroup path and limits removed, and without

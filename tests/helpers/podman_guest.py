@@ -7,7 +7,7 @@ imported, plus the simulated engine's package in its Python's site directory: bu
 saved as an OCI archive under MODELWAKE_CACHE and keyed by the root filesystem and the engine's files,
 so later runs only load it (as an air-gapped host does, through inference_env_container_image_archive).
 
-What the guests need that a real host does not (docs/operating.md, "Containers"): Podman's storage on a
+What the guests need that a real host does not (docs/containers.md): Podman's storage on a
 directory of this machine's own filesystem, which tools/testhosts binds at /var/lib/containers (a guest's
 root is an overlayfs, on which Podman's overlay cannot mount: it would fall back to vfs, which copies the
 image's every file for each container), no session keyring per container (the guest may not create one), and
