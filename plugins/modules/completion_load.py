@@ -17,7 +17,10 @@ description:
     itself). It is a check of a server you run, not a load test of someone else's.
   - Changes nothing on the host; check mode still measures (it only reads).
 version_added: "0.1.0"
+extends_documentation_fragment:
+  - modelwake.serving.server
 options:
+  # The server fragment's url, narrowed: this module only sends to loopback.
   url:
     description: Base URL of the server, on loopback (C(http://127.0.0.1:30001)).
     type: str
@@ -26,9 +29,6 @@ options:
     description: Model id for the requests. Empty means the first id of C(/v1/models).
     type: str
     default: ""
-  api_key:
-    description: Sent as the C(Authorization) header's bearer token; never logged.
-    type: str
   levels:
     description: Concurrency levels, each a positive number of requests in flight.
     type: list

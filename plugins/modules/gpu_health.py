@@ -18,12 +18,9 @@ description:
   - Reads the CUDA version the engine's torch was built for from I(venv) and compares it with the driver's.
   - Returns one message per problem, naming the GPU and the fix; never changes anything. The C(gpu_preflight)
     role refuses on them.
+extends_documentation_fragment:
+  - modelwake.serving.gpus
 options:
-  gpus:
-    description: Indices of the GPUs the deployment needs. Empty means every GPU found.
-    type: list
-    elements: int
-    default: []
   venv:
     description: The engine's virtual environment, whose torch's CUDA build the driver must support. Empty skips that check.
     type: str

@@ -17,12 +17,9 @@ description:
     of units that may be stopped (C(stoppable)) and everything else (C(foreign)), and reports
     the GPUs where foreign processes hold more than I(max_foreign_mib).
   - Never changes anything; the C(gpu_preflight) role decides what to stop or to fail on.
+extends_documentation_fragment:
+  - modelwake.serving.gpus
 options:
-  gpus:
-    description: Indices of the GPUs the deployment needs. Empty means every GPU found.
-    type: list
-    elements: int
-    default: []
   service_unit:
     description: The unit being deployed; its own processes never block.
     type: str

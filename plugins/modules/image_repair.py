@@ -22,6 +22,8 @@ description:
   - The same words serve Podman and Docker (I(cli)).
   - A base image found to meet the repair is remembered in I(state_dir) by its ID, so a later run reads it
     without starting a container.
+extends_documentation_fragment:
+  - modelwake.serving.pinned_package
 options:
   step:
     description:
@@ -43,24 +45,6 @@ options:
     description: The image's Python (its engine's), a name on the image's C(PATH) or an absolute path in it.
     type: str
     default: python3
-  name:
-    description: Distribution name to install.
-    type: str
-    required: true
-  version:
-    description: Version to require.
-    type: str
-    required: true
-  match:
-    description: C(exact) installs C(name==version); C(minimum) accepts any C(name>=version).
-    type: str
-    choices: [exact, minimum]
-    default: exact
-  protect:
-    description: Distributions pip may not replace; each installed one is constrained to its current version.
-    type: list
-    elements: str
-    default: []
   wheelhouse:
     description: Host directory of wheels, mounted read-only; pip then installs from it alone, without network.
     type: path
@@ -71,19 +55,6 @@ options:
     default: ""
   run_args:
     description: Further options for the repair container's C(run) (e.g. C(--cgroups=disabled)).
-    type: list
-    elements: str
-    default: []
-  verify_module:
-    description: Module to import in the derived image. Empty skips the import check.
-    type: str
-    default: ""
-  verify_attribute:
-    description: Dotted attribute of I(verify_module) holding an enum whose members are checked.
-    type: str
-    default: ""
-  verify_values:
-    description: Enum values that must exist, both as values and as member names (C(-) becomes C(_)).
     type: list
     elements: str
     default: []

@@ -16,11 +16,9 @@ description:
     request alone (ansible.builtin.uri only reports whole seconds).
   - Uses the readiness module's HTTP code (C(plugins/module_utils/host/http_probe.py)); the API key
     goes in C(Authorization) and never into the result.
+extends_documentation_fragment:
+  - modelwake.serving.server
 options:
-  url:
-    description: Base URL of the server, e.g. C(http://127.0.0.1:30001).
-    type: str
-    required: true
   model:
     description: Model name to send (the served model name, or the model path).
     type: str
@@ -33,9 +31,6 @@ options:
     description: Tokens to generate.
     type: int
     default: 4
-  api_key:
-    description: Bearer token for servers started with an API key.
-    type: str
   timeout:
     description: Seconds the completion may take.
     type: int

@@ -21,55 +21,13 @@ description:
     it replaced at the recorded versions, proves the venv matches the record and fails.
   - After a successful install, runs C(pip check) and returns its lines as warnings (never fatal, as
     an exact pin of the upgraded package by the engine is expected to conflict).
+requirements:
+  - pip in the virtual environment I(venv) (C(python_env_facts) says whether it has it).
+extends_documentation_fragment:
+  - modelwake.serving.venv
+  - modelwake.serving.pip_source
+  - modelwake.serving.pinned_package
 options:
-  venv:
-    description: Absolute path of the virtual environment (it must have pip).
-    type: path
-    required: true
-  name:
-    description: Distribution name to install.
-    type: str
-    required: true
-  version:
-    description: Version to require.
-    type: str
-    required: true
-  match:
-    description: C(exact) installs C(name==version); C(minimum) accepts any C(name>=version) and installs the newest allowed.
-    type: str
-    choices: [exact, minimum]
-    default: exact
-  protect:
-    description: Distributions pip may not replace; each installed one is constrained to its current version.
-    type: list
-    elements: str
-    default: []
-  find_links:
-    description: Local directories of wheels on the host.
-    type: list
-    elements: path
-    default: []
-  no_index:
-    description: Do not contact any index (air-gapped host; needs I(find_links)).
-    type: bool
-    default: false
-  index_url:
-    description: Index to use instead of pip's configured one. Empty keeps pip's configuration.
-    type: str
-    default: ""
-  verify_module:
-    description: Module to import in the venv after installing. Empty skips the import check.
-    type: str
-    default: ""
-  verify_attribute:
-    description: Dotted attribute of I(verify_module) holding an enum whose members are checked.
-    type: str
-    default: ""
-  verify_values:
-    description: Enum values that must exist, both as values and as member names (C(-) becomes C(_)).
-    type: list
-    elements: str
-    default: []
   requirements:
     description:
       - Requirements file on the host installed in the same C(pip install) as the requirement, e.g. the

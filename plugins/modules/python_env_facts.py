@@ -16,11 +16,8 @@ description:
     it (Debian without C(python3-venv) has no ensurepip) and the version of every installed
     distribution, read from package metadata so it also works without pip.
   - Runs the venv's interpreter with C(-I -B), so it writes nothing (no bytecode) into the venv.
-options:
-  venv:
-    description: Absolute path of the virtual environment.
-    type: path
-    required: true
+extends_documentation_fragment:
+  - modelwake.serving.venv
 author: modelwake contributors (@modelwake)
 notes:
   - Supports check mode; it never changes anything.

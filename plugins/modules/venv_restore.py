@@ -18,11 +18,12 @@ description:
   - The undo of an upgrade that installed cleanly but whose service then did not start - the
     C(model_service) role's rollback, with the set C(inference_env) recorded before it changed the venv.
   - Packages come from the same places the upgrade used (I(find_links), I(index_url)).
+requirements:
+  - pip in the virtual environment I(venv) (C(python_env_facts) says whether it has it).
+extends_documentation_fragment:
+  - modelwake.serving.venv
+  - modelwake.serving.pip_source
 options:
-  venv:
-    description: Absolute path of the virtual environment (it must have pip).
-    type: path
-    required: true
   packages:
     description: The package set to restore, as {distribution name - version}.
     type: dict
@@ -34,19 +35,6 @@ options:
     type: list
     elements: str
     default: [pip]
-  find_links:
-    description: Local directories of wheels on the host.
-    type: list
-    elements: path
-    default: []
-  no_index:
-    description: Do not contact any index (needs I(find_links)).
-    type: bool
-    default: false
-  index_url:
-    description: Index to use instead of pip's configured one. Empty keeps pip's configuration.
-    type: str
-    default: ""
 author: modelwake contributors (@modelwake)
 notes:
   - Supports check mode (reports what it would change).

@@ -28,12 +28,9 @@ description:
     at once when the wait ends. A wait nobody reads any more ends by itself.
 version_added: "1.0.0"
 author: modelwake contributors (@modelwake)
+extends_documentation_fragment:
+  - modelwake.serving.server
 options:
-  url:
-    description:
-      - Base URL of the server, such as C(http://127.0.0.1:30001).
-    type: str
-    required: true
   engine:
     description:
       - Which engine's log markers and endpoint meanings apply. C(auto) decides from the log lines.
@@ -69,10 +66,6 @@ options:
   model:
     description:
       - Served model name for the completion. Default is the first id listed by C(/v1/models).
-    type: str
-  api_key:
-    description:
-      - "API key of the server, sent as C(Authorization: Bearer <key>). Never logged."
     type: str
   timeout:
     description:

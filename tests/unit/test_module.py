@@ -1,4 +1,5 @@
 """The module itself: input validation through AnsibleModule, check mode, and docs = argument spec."""
+import importlib
 import json
 import os
 import subprocess
@@ -148,7 +149,20 @@ def test_check_mode_looks_once_and_never_waits(server):
 # -- Secrets and the agreed result ----------------------------------------------------------------
 # That DOCUMENTATION, RETURN and the argument spec agree is ansible-test sanity's (validate-modules).
 
-DOC_OPTIONS = yaml.safe_load(module.DOCUMENTATION)["options"]
+FRAGMENTS = "ansible_collections.modelwake.serving.plugins.doc_fragments."
+
+
+def documented_options(doc):
+    """The module's options with those of its doc fragments (the module's own win, as in ansible-doc)."""
+    options = {}
+    for name in doc.get("extends_documentation_fragment", []):
+        fragment = importlib.import_module(FRAGMENTS + name.rsplit(".", 1)[-1])
+        options.update(yaml.safe_load(fragment.ModuleDocFragment.DOCUMENTATION)["options"])
+    options.update(doc.get("options") or {})
+    return options
+
+
+DOC_OPTIONS = documented_options(yaml.safe_load(module.DOCUMENTATION))
 
 
 def test_secrets_are_no_log_and_documented_as_never_logged():
