@@ -84,15 +84,12 @@ def _port_note(look):
     return "; port %d is held by another process (pid %d, %s)" % (look.config.port(), holder["pid"], holder.get("comm") or "?")
 
 
-def _hard_deaths(look):
-    """The ranks gone by a signal or a non-zero exit whose rank no living process holds again."""
+def _gone(look, hard=None):
+    """The ranks gone whose rank no living process holds again: those that ended by a signal or a
+    non-zero exit (hard=True), by an exit 0 or unseen (hard=False), or all (None)."""
     held = set(look.proc.ranks[key] for key in look.proc.living() if key in look.proc.ranks)
-    return [gone for gone in look.state.ranks_gone if gone.hard() and gone.rank not in held]
-
-
-def _soft_ends(look):
-    held = set(look.proc.ranks[key] for key in look.proc.living() if key in look.proc.ranks)
-    return [gone for gone in look.state.ranks_gone if not gone.hard() and gone.rank not in held]
+    return [gone for gone in look.state.ranks_gone
+            if gone.rank not in held and (hard is None or gone.hard() == hard)]
 
 
 # -- the rules, in their order -------------------------------------------------------------------
@@ -137,7 +134,7 @@ def fatal_log_line(look):
         # The line that says which process failed (`[... TP2] Scheduler hit an exception:`).
         cause = cause[:1] + [st.fatal] + cause[1:]
     # The engine's own word confirms the ranks it lost, however they ended.
-    gone = [g for g in st.ranks_gone if g in _hard_deaths(look) or g in _soft_ends(look)]
+    gone = _gone(look)
     earlier = " (in the log before this wait began, and no run started since)" if st.fatal_in_context else ""
     return look.failed("failed: the server logged a fatal error%s: %s%s%s"
                        % (earlier, cause[0].strip(), wording.rank_death_note(gone, look.proc), _port_note(look)),
@@ -213,7 +210,7 @@ def rank_died(look):
     """A rank killed by a signal or dead of a non-zero exit, the server up: the others wait for it forever.
     Its parent may still say which and why (SGLang's `Rank 0 scheduler is dead`), or exit: one more look
     waits for that, as for a fatal line's traceback."""
-    deaths = _hard_deaths(look)
+    deaths = _gone(look, hard=True)
     if not deaths or not look.alive:
         return None
     if not look.state.rank_death_waited:
@@ -228,7 +225,7 @@ def rank_gone_quiet(look):
     """A rank that exited 0 or was reaped unseen, and nothing moved from its end on for RANK_GONE_QUIET
     seconds. Once the start made progress after such an end, the end is a note for good: a later silence
     is the stall rule's to judge."""
-    ends = [gone for gone in _soft_ends(look) if not gone.went_on]
+    ends = [gone for gone in _gone(look, hard=False) if not gone.went_on]
     if not ends or not look.alive or look.progressed:
         return None
     since = max(gone.t for gone in ends)
