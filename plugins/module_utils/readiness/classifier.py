@@ -101,7 +101,7 @@ class Classifier(object):
         for gone in st.ranks_gone:
             # Progress at a later look than the one that found it gone (whose tree change is the end itself).
             gone.went_on = gone.went_on or bool(progress and t > gone.t)
-        look = rules.Look(t=t, snap=snap, events=seen, state=st, config=cfg, alive=self._alive(snap),
+        look = rules.Look(t=t, snap=snap, state=st, config=cfg, alive=self._alive(snap),
                           progressed=bool(progress), cpu_rate=seen.cpu_rate)
         verdict = rules.judge(rules.FAILURE_RULES, look)
         if verdict is None:

@@ -4,16 +4,12 @@ load's likely cause, the Xid lines and the ranks that ended without proving a de
 import copy
 
 from . import bottleneck
-from .phases import FAILED, LOADING, PHASES, STARTING
+from .phases import FAILED, LOADING, STARTING, order
 from .rules import rank_notes
 from .stack_summary import summarize
 from .transfers import DOWNLOAD
 from .verdict import window_rate
 from .wording import download_name, xid_quotes
-
-
-def _rank(phase):
-    return PHASES.index(phase) if phase in PHASES else -1
 
 
 def fill(verdict, state, config, t, snap, entries, where_note):
@@ -25,7 +21,7 @@ def fill(verdict, state, config, t, snap, entries, where_note):
     if rate is not None:
         verdict.read_rate = round(rate, 1)
     verdict.shards = state.shards
-    loaded = _rank(state.phase) > _rank(LOADING)
+    loaded = order(state.phase) > order(LOADING)
     if state.shards:
         verdict.fraction = round(float(state.shards[0]) / state.shards[1], 4) if state.shards[1] else None
     elif config.expected_bytes and verdict.bytes_read is not None:

@@ -37,7 +37,6 @@ class LookEvents(object):
     status_text: Optional[str] = None  # systemd's StatusText brought news
     launcher_waiting: Optional[str] = None  # what the launcher waits for before it starts the engine
     peers_joined: List[str] = dataclasses.field(default_factory=list)
-    ranks_gone: List[RankGone] = dataclasses.field(default_factory=list)  # new at this look
 
     def gpu_rising(self):
         return any(change > 0 for change in self.gpu_changes.values())
@@ -166,7 +165,7 @@ def read(state, config, snap, t):
         state.rchar_samples = windowed(state.rchar_samples, t, proc.rchar)
     if proc.read_bytes is not None:
         state.read_samples = windowed(state.read_samples, t, proc.read_bytes)
-    events.ranks_gone = _ranks_gone(state, proc, t)
+    _ranks_gone(state, proc, t)
     if config.unit and snap.unit is not None:
         _remember_unit(state, snap.unit)
     return events
@@ -183,8 +182,8 @@ def _remember_unit(state, unit):
 
 
 def _ranks_gone(state, proc, t):
-    """The ranks seen alive at an earlier look that are gone now or zombies, each with how it ended
-    when that can be read (a zombie's status); the state keeps them (state.ranks_gone)."""
+    """Record in state.ranks_gone the ranks seen alive at an earlier look that are gone now or zombies,
+    each with how it ended when that can be read (a zombie's status)."""
     living = proc.living()
     gone = [RankGone(pid=key, rank=rank, t=t, status=proc.exits.get(key))
             for key, rank in sorted(state.ranks_seen.items()) if key not in living]
@@ -194,7 +193,6 @@ def _ranks_gone(state, proc, t):
         if key in living:
             state.ranks_seen[key] = rank
     state.ranks_gone += gone
-    return gone
 
 
 def _transfers(state, config, snap, t, events):

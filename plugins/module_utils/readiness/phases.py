@@ -12,8 +12,11 @@ PHASES = (NOT_STARTED, STARTING, LOADING, INITIALIZING, READY)
 TERMINAL = (FAILED, STALLED, TIMEOUT)
 
 
+def order(phase):
+    """Where a phase stands along PHASES; a phase outside them (a verdict, None) before them all."""
+    return PHASES.index(phase) if phase in PHASES else -1
+
+
 def later(a, b):
-    """The further of two phases along PHASES (a phase outside them counts as before them all)."""
-    def order(phase):
-        return PHASES.index(phase) if phase in PHASES else -1
+    """The further of two phases along PHASES."""
     return a if order(a) >= order(b) else b

@@ -37,7 +37,6 @@ class Look(object):
     """What a rule reads: this look, its events, what the classifier remembers, the settings."""
     t: float  # seconds since the wait began
     snap: Any  # the Snapshot
-    events: Any  # events.LookEvents
     state: Any  # state.ClassifierState
     config: Any  # config.WaitConfig
     alive: bool  # the server runs (its unit active, or its pid alive)
