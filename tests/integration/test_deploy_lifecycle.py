@@ -379,6 +379,10 @@ def test_reboot_during_the_first_deploy_comes_back_and_converges(guest):
 
 def test_preflight_stops_a_listed_unit_and_refuses_a_foreign_holder(guest):
     holder_file = "/run/modelwake-fake-gpu/holder-%s.json"
+    # The model's own unit stopped first, as when another deployment (ddtree) holds the GPUs: started
+    # (at boot, by the reboot test above) or restarted later, its Conflicts= would stop ddtree itself.
+    on_guest("systemctl stop %s" % UNIT)
+    since = on_guest("date +%s")
     on_guest("systemd-run --unit=sglang-k26-ddtree --property=Type=exec python3 -c 'import time; time.sleep(86400)'")
     ddtree_pid = on_guest("systemctl show sglang-k26-ddtree -p MainPID --value")
     on_guest("echo '{\"pid\": %s, \"name\": \"python\", \"gpus\": {\"0\": {\"memory_mib\": 55000, \"utilization\": 0}}}' > %s"
@@ -394,7 +398,9 @@ def test_preflight_stops_a_listed_unit_and_refuses_a_foreign_holder(guest):
         assert re.search(r"%s root (session-\d+\.scope|ssh\.service) foreign 1:30000" % foreign_pid, flat), flat
         # Nothing was touched: neither the foreign process nor the listed unit (the play stopped first).
         on_guest("kill -0 %s" % foreign_pid)
-        assert on_guest("systemctl is-active sglang-k26-ddtree") == "active"
+        assert on_guest("systemctl is-active sglang-k26-ddtree", check=False) == "active", on_guest(
+            "journalctl --since @%s -u sglang-k26-ddtree -u %s -o short-precise --no-pager | tail -60"
+            % (since, UNIT), check=False)
     finally:
         on_guest("kill %s; rm -f %s" % (foreign_pid, holder_file % "foreign"), check=False)
     rc, out = guest.play("deploy-k26.yml")
