@@ -28,8 +28,12 @@ description:
     C(posix_fadvise(DONTNEED)) and checking with C(mincore) that it is out; the expected load time
     comes from that rate. A sample that stayed cached (dirty pages of files written moments ago, or
     mapped by a running process) is reported as warm and gives no expected load time.
+  - A cold rate is remembered in I(state_dir) with the shards' names, sizes and mtimes. For
+    I(read_rate_max_age_hours) a later run on the same copy reports it (C(read_how) says how old it
+    is) and reads nothing, so a re-run neither waits for the sample nor drops it from the page cache.
+    The record is a cache of a measurement, not a change of the host, and is never reported as C(changed).
   - Also reports MemAvailable against the model's size and how much of the model the page cache holds.
-  - Never writes the model; with I(verify_checksums) it writes only its record in I(state_dir).
+  - Never writes the model; it writes only its records (verified shards, the last cold rate) in I(state_dir).
 options:
   path:
     description: Absolute path of the model directory.
@@ -47,6 +51,11 @@ options:
     description: At most this many seconds of reading for the rate measurement.
     type: float
     default: 10
+  read_rate_max_age_hours:
+    description:
+      - How long a cold rate measured on the same shards stands for a new measurement; 0 measures every run.
+    type: float
+    default: 24
   verify_checksums:
     description:
       - Hash every shard that has a published SHA-256 and refuse a mismatch (reads the whole model once).
@@ -54,12 +63,12 @@ options:
     type: bool
     default: false
   state_dir:
-    description: Host directory of the records of verified shards (never inside the model directory).
+    description: Host directory of the records of verified shards and of the last cold rate (never inside the model directory).
     type: path
     default: /var/lib/modelwake/model-checks
 author: modelwake contributors (@modelwake)
 notes:
-  - Supports check mode (the record of verified shards is not written then).
+  - Supports check mode (no record is written then).
 """
 
 EXAMPLES = r"""
@@ -126,7 +135,9 @@ read_cold:
   returned: always
   type: bool
 read_how:
-  description: How the sample was made cold, or why it was not (the rate is then the cache's).
+  description:
+    - How the sample was made cold, or why it was not (the rate is then the cache's).
+    - "C(remembered: read cold 2h03m ago) when an earlier run's cold rate of the same shards stands for it."
   returned: always
   type: str
 disk_rate_bytes_per_s:
@@ -160,13 +171,14 @@ expected_load:
 """
 
 import os
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelwake.serving.plugins.module_utils.common.errors import InputError
 from ansible_collections.modelwake.serving.plugins.module_utils.common.units import MIB
 from ansible_collections.modelwake.serving.plugins.module_utils.preflight import checksums
 from ansible_collections.modelwake.serving.plugins.module_utils.preflight.modeldir import (
-    inspect, problems, storage_figures, storage_summary)
+    inspect, problems, remember_rate, remembered_rate, storage_figures, storage_summary)
 
 
 ARGUMENT_SPEC = {
@@ -176,6 +188,7 @@ ARGUMENT_SPEC = {
     "read_seconds": {"type": "float", "default": 10},
     "verify_checksums": {"type": "bool", "default": False},
     "state_dir": {"type": "path", "default": "/var/lib/modelwake/model-checks"},
+    "read_rate_max_age_hours": {"type": "float", "default": 24},
 }
 
 
@@ -216,8 +229,21 @@ def main():
             module.warn("verify_checksums: %s has no SHA256SUMS and no Hugging Face download metadata: "
                         "only the shards' headers were checked" % path)
     # A damaged model is refused anyway: its rate is not worth the reading.
-    result.update(storage_figures(path, found, sample_mib * MIB if not result["problems"] else 0,
-                                  readers=module.params["read_readers"], max_seconds=module.params["read_seconds"]))
+    sample_bytes = sample_mib * MIB if not result["problems"] else 0
+    now = time.time()
+    remembered = None
+    if sample_bytes:
+        remembered = remembered_rate(module.params["state_dir"], path, found,
+                                     module.params["read_rate_max_age_hours"] * 3600, now)
+    figures = storage_figures(path, found, sample_bytes, readers=module.params["read_readers"],
+                              max_seconds=module.params["read_seconds"], remembered=remembered)
+    if sample_bytes and remembered is None and module.params["read_rate_max_age_hours"] > 0 and not module.check_mode:
+        try:
+            remember_rate(module.params["state_dir"], path, found, figures, now)
+        except OSError as exc:
+            module.warn("the cold read rate could not be remembered in %s (%s): the next run measures it again"
+                        % (module.params["state_dir"], exc))
+    result.update(figures)
     result["summary"] = storage_summary(path, result)
     module.exit_json(changed=changed, **result)
 

@@ -360,3 +360,45 @@ def test_no_sample_measures_nothing_but_still_says_memory_and_cache(model):
     assert (figures["read_bytes"], figures["read_rate_mib"], figures["disk_rate_bytes_per_s"]) == (0, None, None)
     assert figures["mem_available_bytes"] > 0 and figures["page_cache_fraction"] is not None
     assert "; read rate not measured; memory available " in modeldir.storage_summary(path, dict(found, **figures))
+
+
+def test_a_cold_rate_is_remembered_for_the_same_shards_and_measured_again_for_another_copy(model, tmp_path,
+                                                                                          monkeypatch):
+    path, names = model
+    state = str(tmp_path / "state")
+    found = modeldir.inspect(path)
+    cold = {"read_cold": True, "disk_rate_bytes_per_s": 600 * MIB, "read_bytes": 4 * MIB, "read_seconds": 0.5,
+            "read_readers": 4}
+    modeldir.remember_rate(state, path, found, cold, now=1000.0)
+    remembered = modeldir.remembered_rate(state, path, found, max_age_seconds=3600, now=1000.0 + 7380)
+    assert remembered is None  # older than the age asked
+    remembered = modeldir.remembered_rate(state, path, found, max_age_seconds=24 * 3600, now=1000.0 + 7380)
+    assert remembered == {"rate_bytes_per_s": 600 * MIB, "sampled_bytes": 4 * MIB, "seconds": 0.5, "readers": 4,
+                          "age_seconds": 7380.0}
+    assert modeldir.remembered_rate(state, path, found, max_age_seconds=0, now=1001.0) is None  # 0: every run
+
+    # Nothing is read for a remembered rate: the figures are the record's, and say how old they are.
+    def no_read(*_args, **_kwargs):
+        raise AssertionError("a remembered rate must not read the shards")
+    monkeypatch.setattr(modeldir.storage, "measure_read_rate", no_read)
+    figures = modeldir.storage_figures(path, found, 64 * MIB, readers=4, remembered=remembered)
+    assert (figures["disk_rate_bytes_per_s"], figures["read_cold"], figures["read_readers"]) == (600 * MIB, True, 4)
+    assert figures["read_how"] == "remembered: read cold 2h03m ago"
+    assert figures["expected_load_seconds"] == pytest.approx(found["total_bytes"] / (600.0 * MIB), abs=0.1)
+    summary = modeldir.storage_summary(path, dict(found, **figures))
+    assert "; disk read 600 MiB/s cold, 4 readers (4 MiB sampled) remembered 2h03m ago, expected load time " in summary
+
+    # Another copy of the model (a shard written again) is measured again.
+    os.utime(os.path.join(path, names[0]), ns=(0, 1))
+    assert modeldir.remembered_rate(state, path, found, max_age_seconds=24 * 3600, now=1001.0) is None
+
+
+def test_a_warm_read_is_not_remembered(model, tmp_path):
+    path, _names = model
+    state = str(tmp_path / "state")
+    found = modeldir.inspect(path)
+    warm = {"read_cold": False, "disk_rate_bytes_per_s": None, "read_bytes": 4 * MIB, "read_seconds": 0.01,
+            "read_readers": 4}
+    modeldir.remember_rate(state, path, found, warm, now=1000.0)
+    assert not os.path.exists(modeldir.rate_record_path(state, path))
+    assert modeldir.remembered_rate(state, path, found, max_age_seconds=3600, now=1001.0) is None

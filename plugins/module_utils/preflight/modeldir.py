@@ -8,11 +8,13 @@ Only reads. The storage's figures (storage_figures) come from host/storage.py: a
 the shards read cold with parallel readers (dropped from the page cache first, verified by
 mincore), the page cache's share of the model and MemAvailable against its size.
 """
+import hashlib
 import json
 import os
 
 from ..common.errors import InputError
 from ..common.formatting import duration, size
+from ..common.json_record import read_record, replace_record
 from ..common.units import GIB, MIB
 from ..host import storage
 from . import shards
@@ -106,14 +108,57 @@ def problems(found):
     return out
 
 
-def storage_figures(path, found, sample_bytes, readers=storage.READERS, max_seconds=storage.SAMPLE_SECONDS):
+def rate_record_path(state_dir, model_dir):
+    """The record of one model directory's last cold read rate (named by its path, outside it)."""
+    key = hashlib.sha256(os.path.abspath(model_dir).encode("utf-8")).hexdigest()[:16]
+    return os.path.join(state_dir, "read-rate-%s.json" % key)
+
+
+def _shards_identity(path, found):
+    """The shards' names, sizes and mtimes, as one digest: another copy of the model is another identity."""
+    digest = hashlib.sha256()
+    for shard in sorted(found["shards"], key=lambda shard: shard["name"]):
+        stat = os.stat(os.path.join(path, shard["name"]))
+        digest.update(("%s\0%d\0%d\n" % (shard["name"], stat.st_size, stat.st_mtime_ns)).encode("utf-8"))
+    return digest.hexdigest()
+
+
+def remembered_rate(state_dir, path, found, max_age_seconds, now):
+    """The cold read {rate_bytes_per_s, sampled_bytes, seconds, readers, age_seconds} recorded for these
+    very shards less than `max_age_seconds` ago, or None (measure again)."""
+    if max_age_seconds <= 0:
+        return None
+    record = read_record(rate_record_path(state_dir, path))
+    try:
+        age = now - float(record["measured_at"])
+        fresh = record["shards"] == _shards_identity(path, found) and 0 <= age < max_age_seconds
+        remembered = {"rate_bytes_per_s": float(record["rate_bytes_per_s"]), "sampled_bytes": int(record["sampled_bytes"]),
+                      "seconds": float(record["seconds"]), "readers": int(record["readers"]), "age_seconds": age}
+    except (KeyError, TypeError, ValueError, OSError):
+        return None
+    return remembered if fresh and remembered["rate_bytes_per_s"] > 0 else None
+
+
+def remember_rate(state_dir, path, found, figures, now):
+    """Record a cold read's figures (storage_figures') for the next run; a warm or failed read is not worth it."""
+    if not figures.get("read_cold") or not figures.get("disk_rate_bytes_per_s"):
+        return
+    replace_record(rate_record_path(state_dir, path), {
+        "measured_at": now, "shards": _shards_identity(path, found),
+        "rate_bytes_per_s": figures["disk_rate_bytes_per_s"], "sampled_bytes": figures["read_bytes"],
+        "seconds": figures["read_seconds"], "readers": figures["read_readers"]})
+
+
+def storage_figures(path, found, sample_bytes, readers=storage.READERS, max_seconds=storage.SAMPLE_SECONDS,
+                    remembered=None):
     """What the storage under the model can do, as the module's result fields (storage.py measures).
 
     The cold sequential read rate of a bounded sample of the model's own shards with parallel
     readers, the page cache's share of the model (checked first: the measurement drops its sample)
     and MemAvailable against the model's size. The expected load time and `disk_rate_bytes_per_s`
     come from the rate only when the sample was read cold: a warm read is the page cache's speed,
-    and an estimate from it is too low (the demo's 1 s for a 45 s load).
+    and an estimate from it is too low (the demo's 1 s for a 45 s load). `remembered`
+    (remembered_rate's) stands for the measurement: nothing is read or dropped from the page cache.
     """
     files = [(os.path.join(path, shard["name"]), shard["size"]) for shard in found["shards"]]
     total = found["total_bytes"]
@@ -128,7 +173,12 @@ def storage_figures(path, found, sample_bytes, readers=storage.READERS, max_seco
     figures["page_cache_fraction"] = round(cache["fraction"], 3) if cache["fraction"] is not None else None
     if not sample_bytes or not files:
         return figures
-    measured = storage.measure_read_rate(files, sample_bytes=sample_bytes, readers=readers, max_seconds=max_seconds)
+    if remembered is not None:
+        measured = dict(remembered, cold=True,
+                        how="remembered: read cold %s ago" % duration(remembered["age_seconds"]))
+    else:
+        measured = storage.measure_read_rate(files, sample_bytes=sample_bytes, readers=readers,
+                                             max_seconds=max_seconds)
     rate = measured["rate_bytes_per_s"]
     figures.update(read_bytes=measured["sampled_bytes"], read_seconds=round(measured["seconds"], 3),
                    read_readers=measured["readers"], read_cold=measured["cold"], read_how=measured["how"])
@@ -151,7 +201,10 @@ def storage_summary(path, result):
         line += "; disk read %s/s" % size(result["read_rate_mib"] * MIB, mib_digits=0)
         sampled = "%d reader%s (%s sampled" % (result["read_readers"], "" if result["read_readers"] == 1 else "s",
                                                size(result["read_bytes"], mib_digits=0))
-        if result["read_cold"]:
+        if result["read_how"].startswith("remembered: "):
+            remembered = result["read_how"].replace(": read cold", "")
+            line += " cold, %s) %s, expected load time %s" % (sampled, remembered, result["expected_load"])
+        elif result["read_cold"]:
             line += " cold, %s), expected load time %s" % (sampled, result["expected_load"])
         else:
             why = result["read_how"]
