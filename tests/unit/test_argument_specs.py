@@ -57,3 +57,54 @@ def test_every_option_is_typed_described_and_prefixed(role):
         assert option.get("description"), "roles/%s: %s has no description" % (role, name)
         if option.get("type") == "list":
             assert option.get("elements"), "roles/%s: list option %s has no elements" % (role, name)
+
+
+def entry_points_used_by_callers():
+    """{(role, entry point)} of every include_role/import_role with tasks_from outside the role itself."""
+    used = set()
+    for path in glob.glob(os.path.join(ROOT, "**", "*.yml"), recursive=True):
+        relative = os.path.relpath(path, ROOT)
+        if relative.startswith((".venv", "molecule" + os.sep + ".")) or "/." in relative:
+            continue
+        with open(path) as handle:
+            text = handle.read()
+        if "tasks_from" not in text:
+            continue
+        for document in yaml.safe_load_all(text):
+            for task in walk_tasks(document):
+                include = task.get("ansible.builtin.include_role") or task.get("ansible.builtin.import_role") or {}
+                if not isinstance(include, dict) or "tasks_from" not in include:
+                    continue
+                role = include["name"].split(".")[-1]
+                if relative.startswith(os.path.join("roles", role) + os.sep):
+                    continue
+                used.add((role, os.path.splitext(include["tasks_from"])[0]))
+    return used
+
+
+def walk_tasks(node):
+    if isinstance(node, list):
+        for item in node:
+            for task in walk_tasks(item):
+                yield task
+    elif isinstance(node, dict):
+        yield node
+        for key in ("block", "rescue", "always", "tasks", "pre_tasks", "post_tasks", "handlers"):
+            for task in walk_tasks(node.get(key)):
+                yield task
+
+
+def test_every_entry_point_a_playbook_uses_is_declared_with_typed_and_described_options():
+    used = entry_points_used_by_callers()
+    assert ("model_service", "preflight") in used, used  # the walk finds deploy-model.yml's
+    for role, entry in sorted(used):
+        specs = (load(role, "meta", "argument_specs.yml") or {}).get("argument_specs", {})
+        assert entry in specs, "roles/%s: tasks_from %s is used by a playbook but not declared in argument_specs" % (
+            role, entry)
+        main = specs["main"].get("options") or {}
+        for name, option in (specs[entry].get("options") or {}).items():
+            assert option.get("type") and option.get("description"), "roles/%s %s: %s untyped or undescribed" % (
+                role, entry, name)
+            # An entry point's option is main's (the same variable, the same meaning) or the includer's own input.
+            assert name.startswith("_%s_" % role) or option == main.get(name), (
+                "roles/%s %s: %s differs from main's" % (role, entry, name))
