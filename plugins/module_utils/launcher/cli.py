@@ -5,7 +5,7 @@ import os
 
 from ..common.errors import ModelWakeError
 from ..host.hold import HOLD_DIR
-from ..readiness.config import DEFAULT_STALL_TIMEOUT, build_config
+from ..readiness.config import DEFAULT_STALL_TIMEOUT, build_config, stall_budget, stall_budget_minimum
 from .disk_rate import read_disk_rate, tensor_parallel
 from .exit_codes import EXIT_CRASH_LOOP
 from .liveness import LIVENESS_CHECKS
@@ -152,9 +152,9 @@ def build_launch_config(options, environ):
     # The record of the unit's starts: the usual figures, and the auto budgets resolved here, once.
     config, options.start_memory, options.budgets = launch_memory(options, config, environ)
     # A spinning hang is declared at most a stack read later than a silent one.
-    minimum = config.stall_timeout + config.stacks_interval + 2 * config.poll_interval
+    minimum = stall_budget_minimum(config.stall_timeout, config.poll_interval, config.stacks_interval)
     if options.extend_timeout is None:
-        options.extend_timeout = minimum + 30
+        options.extend_timeout = stall_budget(config.stall_timeout, config.poll_interval, config.stacks_interval)
     elif options.extend_timeout < minimum:
         # systemd would end the start before the launcher can say why.
         raise ModelWakeError("extend-timeout: must be at least stall timeout + stacks interval + 2 polls (%s s), "

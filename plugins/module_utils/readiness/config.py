@@ -21,6 +21,22 @@ UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\@-]+$")
 AUTO = "auto"
 DEFAULT_TIMEOUT = 3600
 DEFAULT_STALL_TIMEOUT = 600
+# systemd's start budget (TimeoutStartSec=, renewed by EXTEND_TIMEOUT_USEC) over the stall bound: the
+# launcher must have said why a start hangs before systemd ends it.
+STALL_BUDGET_MARGIN = 30
+
+
+def stall_budget_minimum(stall_timeout, poll_interval, stacks_interval=0):
+    """The least start budget that lets a hang be declared: a spinning one is declared at most a stack
+    read (stacks_interval) and two looks later than the stall bound. `auto` counts as the default."""
+    stall = DEFAULT_STALL_TIMEOUT if str(stall_timeout) == "auto" else float(stall_timeout)
+    return stall + float(stacks_interval) + 2 * float(poll_interval)
+
+
+def stall_budget(stall_timeout, poll_interval, stacks_interval=0):
+    """The start budget systemd gives a notify unit and the launcher renews at every sign of progress (s):
+    one formula for the role's TimeoutStartSec= and --extend-timeout and the launcher's default."""
+    return stall_budget_minimum(stall_timeout, poll_interval, stacks_interval) + STALL_BUDGET_MARGIN
 
 
 @dataclasses.dataclass
