@@ -94,11 +94,28 @@ class Play(object):
             runner, events = run_playbook(playbook, private, inventories, extra_vars, limit,
                                           on_object=self.objects.append, timeout=timeout, env=env)
             self.rc, self.text, self.recap = runner.rc, runner.stdout.read(), events.recap or {}
+            self.task_times = task_times(runner.events)
         finally:
             shutil.rmtree(private, ignore_errors=True)
 
     def count(self, kind):
         return sum(1 for obj in self.objects if obj["event"] == kind)
+
+
+# A task's end on a host, with ansible-runner's timing of it (event_data duration: from the task's start on
+# that host): Ansible's task profiling, from the events the run records anyway.
+TASK_RESULT_EVENTS = ("runner_on_ok", "runner_on_failed", "runner_on_skipped", "runner_on_unreachable")
+
+
+def task_times(runner_events):
+    """[{seconds, task, action, skipped}] of every task a host ran, in the run's order."""
+    times = []
+    for event in runner_events:
+        data = event.get("event_data") or {}
+        if event.get("event") in TASK_RESULT_EVENTS and data.get("duration") is not None:
+            times.append({"seconds": round(float(data["duration"]), 3), "task": data.get("task", ""),
+                          "action": data.get("task_action", ""), "skipped": event["event"] == "runner_on_skipped"})
+    return times
 
 
 def _localhost_inventory(work):
@@ -692,8 +709,12 @@ def measure_rerun(work, guest="bench-rerun"):
         wall = time.monotonic() - start
         after = _unit_state(guest, "sglang-k26.service")
         recap = again.recap.get(guest, {})
+        ran = [t for t in again.task_times if not t["skipped"]]
         result.update(status="measured" if again.rc == 0 else "failed", rc=again.rc,
                       wall_s=round(wall, 1), changed=recap.get("changed"), recap=recap,
+                      tasks=len(again.task_times), tasks_run=len(ran),
+                      task_seconds=round(sum(t["seconds"] for t in again.task_times), 1),
+                      slowest_tasks=sorted(ran, key=lambda t: -t["seconds"])[:12],
                       restarts=int(after.get("NRestarts", 0)) - int(before.get("NRestarts", 0)),
                       same_invocation=before.get("InvocationID") == after.get("InvocationID") != "",
                       invocation=after.get("InvocationID"))

@@ -76,7 +76,7 @@ def test_targets_say_met_or_missed_with_the_number():
     # The worst phase decides, each with the controller's reads on the host counted in.
     assert rows["under 1 % of one core at a 5.0 s poll, a whole wait"] == (
         True, "init 0.91 %; load 0.54 % (worst: 2.730 s of CPU in 300 s)")
-    assert rows["re-run on a ready host under 30 s with changed=0, no restart"] == (None, "not measured: no bridge")
+    assert rows["re-run on a ready host under 15 s with changed=0, no restart"] == (None, "not measured: no bridge")
 
 
 def test_a_core_share_of_one_percent_is_missed():
@@ -98,11 +98,16 @@ def test_fan_out_and_a_measured_rerun():
     data = results()
     data["fanout"] = {"status": "measured", "levels": [{"hosts": 1, "wall_s": 20.0, "rc": 0, "failed": 0},
                                                        {"hosts": 4, "wall_s": 30.0, "rc": 0, "failed": 0}]}
-    data["rerun"] = {"status": "measured", "guest": "bench-rerun", "wall_s": 31.5, "changed": 0, "restarts": 0,
-                     "recap": {"ok": 40, "changed": 0}, "same_invocation": True}
+    data["rerun"] = {"status": "measured", "guest": "bench-rerun", "wall_s": 15.5, "changed": 0, "restarts": 0,
+                     "recap": {"ok": 40, "changed": 0}, "same_invocation": True, "tasks": 136, "tasks_run": 88,
+                     "task_seconds": 14.2,
+                     "slowest_tasks": [{"seconds": 0.79, "task": "Wait until the model answers, sglang-k26",
+                                        "action": "modelwake.serving.wait_for_model_ready", "skipped": False}]}
     text = report.render(data, {})
     assert "| 1 | 20.0 | 1.00× | 0 |" in text and "| 4 | 30.0 | 1.50× | 0 |" in text
-    assert "| re-run on a ready host under 30 s with changed=0, no restart | **missed** | 31.5 s, changed=0, restarts 0 |" in text
+    assert "| re-run on a ready host under 15 s with changed=0, no restart | **missed** | 15.5 s, changed=0, restarts 0 |" in text
+    assert "136 tasks (88 run, the rest skipped), 14.2 s in tasks; the slowest:" in text
+    assert "| 0.79 | Wait until the model answers, sglang-k26 | modelwake.serving.wait_for_model_ready |" in text
 
 
 def test_report_tables_ratios_and_wrong_verdicts(tmp_path):
@@ -220,3 +225,17 @@ def test_a_false_failed_look_on_a_churn_start_misses_its_target():
     data["churn"]["cases"][1].update(phase="ready", failed_looks=0)
     rows = dict((row[0], row[1:]) for row in report.targets(data))
     assert rows["zero failed looks on healthy starts with rank churn"] == (True, "0 failed looks; 2 of 2 starts ready")
+
+
+def test_task_times_come_from_the_runs_own_task_results():
+    from bench import run
+    events = [
+        {"event": "playbook_on_task_start", "event_data": {"task": "Read the GPUs"}},
+        {"event": "runner_on_ok", "event_data": {"task": "Read the GPUs", "task_action": "gpu_holders", "duration": 0.41}},
+        {"event": "runner_on_skipped", "event_data": {"task": "Pull the image", "task_action": "command",
+                                                      "duration": 0.02}},
+        {"event": "runner_item_on_ok", "event_data": {"task": "Copy", "duration": 0.3}},  # an item, not the task's end
+    ]
+    assert run.task_times(events) == [
+        {"seconds": 0.41, "task": "Read the GPUs", "action": "gpu_holders", "skipped": False},
+        {"seconds": 0.02, "task": "Pull the image", "action": "command", "skipped": True}]
