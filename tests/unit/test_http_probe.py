@@ -100,14 +100,26 @@ def test_completion_without_choices_is_not_ready(server, answer):
     assert http_probe.probe_ready(server.url, model="m")["ready"] is False
 
 
-def test_a_server_hanging_on_every_request_costs_a_look_its_budget_once(server):
+@pytest.mark.parametrize("model", [None, "tiny"])
+def test_a_server_that_accepts_and_never_answers_costs_a_look_one_health_timeout(server, model):
     for route in (("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/completions")):
         server.routes[route] = "hang"
     started = time.monotonic()
-    found = http_probe.probe_ready(server.url, deadline=started + 1.0)
+    found = http_probe.probe_ready(server.url, model=model, health_timeout=0.5, completion_timeout=5.0)
     took = time.monotonic() - started
-    assert found["health"]["kind"] == "timeout" and found["models"]["kind"] == "timeout"
-    # /health used the budget; /v1/models then had the least a request gets, and there was no model
-    # to ask a completion of: 1 s + 0.25 s, not 5 s + 5 s + 30 s.
+    # Its HTTP loop does not answer: /health waited out its timeout, and nothing else was asked
+    # (0.5 s, not 0.5 + 0.5 + 5 s).
+    assert found["listening"] is True and found["health"]["kind"] == "timeout"
+    assert found["models"] is None and found["completion"] is None and found["ready"] is False
+    assert [req["path"] for req in server.seen] == ["/health"]
+    assert 0.5 <= took < 1.0
+
+
+def test_a_looks_deadline_bounds_its_requests_together(server):
+    server.routes[("GET", "/health")] = (200, b"")
+    server.routes[("POST", "/v1/completions")] = "hang"
+    started = time.monotonic()
+    found = http_probe.probe_ready(server.url, model="tiny", completion_timeout=30.0, deadline=started + 1.0)
+    took = time.monotonic() - started
+    assert found["completion"]["kind"] == "timeout" and found["ready"] is False
     assert 1.0 <= took < 1.0 + http_probe.MIN_REQUEST_SECONDS + 0.5
-    assert found["completion"] is None and found["ready"] is False

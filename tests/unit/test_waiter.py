@@ -113,6 +113,40 @@ def test_a_hung_completion_costs_one_attempt_at_most_then_the_stall_comes_on_tim
     assert result["evidence"][0].startswith("POST /v1/completions (model 'm'): timeout")
 
 
+class StoppedServerProbe(object):
+    """A server stopped (SIGSTOP) before the wait began: it accepts and never answers. Each look lasts
+    what HostProbe waits then: /health's timeout (nothing else is asked), within the waiter's budget;
+    `completion_first` adds the case where /health answers and the completion hangs from the first look."""
+
+    def __init__(self, clock, cfg, completion_first=False):
+        self.clock, self.cfg, self.completion_first = clock, cfg, completion_first
+        self.trace = Trace(pids=(100, 200, 300))
+        self.budgets = []
+
+    def snapshot(self, t, remaining=None, stacks=False):
+        limit = self.cfg.completion_timeout if self.completion_first else 5.0
+        budget = limit if remaining is None else min(limit, remaining)
+        self.budgets.append(budget)
+        self.clock.now += budget
+        if self.completion_first:
+            answers = http(200, completion="timeout", model="m")
+        else:
+            answers = http("timeout")
+        return self.trace.step(t, cpu=0.0, states={300: "T", 200: "T", 100: "T"}, http_result=answers)
+
+
+@pytest.mark.parametrize("completion_first", [False, True])
+def test_a_server_stopped_before_the_wait_is_stalled_within_the_stall_bound_and_two_polls(completion_first):
+    clock = FakeClock()
+    cfg = config(engine="vllm", timeout=3600, stall_timeout=15, poll_interval=1, completion_timeout=30)
+    probe = StoppedServerProbe(clock, cfg, completion_first)
+    result = wait_for_ready(cfg, probe, clock=clock, sleep=clock.sleep)
+    assert result["phase"] == "stalled"
+    assert result["elapsed"] <= 15 + 2 * 1, (result["elapsed"], probe.budgets)
+    # Even the first look, before any stall moment is known, ends by the earliest one.
+    assert probe.budgets[0] <= 15
+
+
 def test_a_busy_server_whose_completion_is_slow_still_gets_full_attempts():
     clock = FakeClock()
     cfg = config(engine="vllm", timeout=200, stall_timeout=60, poll_interval=5, completion_timeout=30)

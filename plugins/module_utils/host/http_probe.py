@@ -92,9 +92,10 @@ def probe_ready(base_url, ready_check="completion", model=None, api_key=None,
 
     {"health": result, "models": result or None, "completion": result or None,
      "model": the model name used or None, "ready": bool, "listening": bool}
-    /health is always asked first: it is cheap and tells a closed port from a warming server.
-    deadline (time.monotonic()): each request waits at most until then (MIN_REQUEST_SECONDS at
-    least), so a server that hangs on all three costs the look its budget once, not three times.
+    /health is always asked first: it is cheap and tells a closed port from a warming server; when it
+    times out nothing else is asked, so a server that accepts and never answers costs a look one
+    health_timeout, not one per endpoint. deadline (time.monotonic()): each request waits at most
+    until then (MIN_REQUEST_SECONDS at least), so the look's requests share its budget.
     """
     def until_deadline(limit):
         if deadline is None:
@@ -109,6 +110,10 @@ def probe_ready(base_url, ready_check="completion", model=None, api_key=None,
     found["health"] = _short(health)
     found["listening"] = health["kind"] in ("status", "timeout")
     if not found["listening"]:
+        return found
+    if health["kind"] == "timeout":
+        # The server accepts but does not answer its cheapest endpoint: its HTTP loop is blocked (a
+        # stopped or hung process), and every other request would wait out its own timeout the same way.
         return found
     if ready_check == "health":
         found["ready"] = health["kind"] == "status" and health["code"] == 200

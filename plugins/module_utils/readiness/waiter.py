@@ -18,8 +18,8 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
     """Poll `probe.snapshot(t, remaining)` every poll_interval seconds; return the result dict.
 
     `remaining` is the most seconds the look may take: the time left before the deadline, at most
-    poll_interval after a completion timed out while nothing else moved, and never past the moment
-    the stall would be declared.
+    poll_interval after a completion timed out while nothing else moved or once the stall's moment
+    has come, never past that moment (the first look: never past stall_timeout).
 
     Looks start every poll_interval, start to start: a look that takes time (HTTP probes, a
     hung completion) does not push the next one later; one that ran past the next due time is
@@ -50,9 +50,17 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
             short = min(config.completion_timeout, config.poll_interval)
             remaining = short if remaining is None else min(remaining, short)
         stall_due = classifier.stall_due()
-        if remaining is not None and stall_due is not None and stall_due > t:
+        if remaining is not None and stall_due is None:
+            # The first look: the earliest stall is stall_timeout from it, and a hung completion must not
+            # hold the look past it (docs/readiness.md: bounds).
+            remaining = min(remaining, float(config.stall_timeout))
+        elif remaining is not None and stall_due > t:
             # A look waiting on a completion ends by the stall's moment, so that the look due there starts on time.
             remaining = min(remaining, stall_due - t)
+        elif remaining is not None:
+            # The look that may declare the stall (nothing moved for stall_timeout): a poll at most, so a
+            # server that accepts and never answers is declared within stall_timeout + 2 polls.
+            remaining = min(remaining, float(config.poll_interval))
         snap = probe.snapshot(t, remaining, stacks=classifier.stacks_due(t))
         verdict = classifier.observe(snap)
         if memory is not None:
