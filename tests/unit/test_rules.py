@@ -215,3 +215,38 @@ def test_a_start_ready_a_look_before_the_deadline_is_ready():
     looks = [trace.step(0, lines=[INIT])] + [trace.step(t, cpu=0.8) for t in range(5, 55, 5)]
     looks.append(trace.step(55, cpu=0.8, http_result=http(200, 200, 200, ready=True, model="k26")))
     assert phases(replay(config(engine="sglang", timeout=60, stall_timeout=600), looks))[-1] == "ready"
+
+
+# -- stalled: a server that had been ready is named so, not by a start phase -------------------------
+def _stopped_after_ready(ready_line=None, unit=None, poll=1, stall=15):
+    """A server whose processes are all stopped when the wait begins: it accepts and never answers."""
+    trace = Trace(pids=(100, 200, 300))
+    stopped = {100: "T", 200: "T", 300: "T"}
+    snaps = []
+    for t in range(0, stall + 2 * poll + 1, poll):
+        context = [ready_line] if ready_line and t == 0 else []
+        snaps.append(trace.step(t, cpu=0.0, context=context, states=stopped, http_result=http("timeout"), unit=unit))
+    return replay(config(engine="sglang", timeout=3600, stall_timeout=stall, poll_interval=poll,
+                         unit="sglang-k26.service" if unit else None), snaps)
+
+
+def test_a_server_stopped_after_its_engine_logged_ready_is_stalled_as_one_that_had_been_ready():
+    _t, verdict = _stopped_after_ready(SGLANG_PREFIX + "The server is fired up and ready to roll!")[-1]
+    assert verdict.phase == "stalled" and verdict.rule == "stalled"
+    assert verdict.msg.startswith("stalled: no progress for 15 s after the engine logged that it was ready: "
+                                  "it answers nothing"), verdict.msg
+    assert " in phase " not in verdict.msg
+
+
+def test_a_server_stopped_after_its_launcher_said_ready_is_stalled_as_one_that_had_been_ready():
+    unit = unit_props(main_pid=100)
+    unit.update(Type="notify", StatusText="ready in 52s")
+    _t, verdict = _stopped_after_ready(unit=unit)[-1]
+    assert verdict.phase == "stalled"
+    assert "after it had been ready (its launcher told systemd: ready in 52s): it answers nothing" in verdict.msg
+
+
+def test_a_server_stopped_that_never_said_ready_is_stalled_in_its_start_phase():
+    _t, verdict = _stopped_after_ready()[-1]
+    assert verdict.phase == "stalled"
+    assert "stalled: no progress for 15 s in phase " in verdict.msg and "was ready" not in verdict.msg

@@ -265,10 +265,26 @@ def port_held(look):
 def stalled(look):
     if look.quiet < look.config.stall_timeout:
         return None
-    return Verdict(STALLED, "stalled: no progress for %s in phase %s (last progress: %s at +%s; %s)%s"
-                   % (wording.secs(look.quiet), look.phase, look.state.last_progress,
+    was_ready = _was_ready(look)
+    # A server that had been ready is in no start phase: saying "initializing" would send the reader to
+    # the start, when it is the running server that stopped answering.
+    where = ("%s: it answers nothing" % was_ready) if was_ready else "in phase %s" % look.phase
+    return Verdict(STALLED, "stalled: no progress for %s %s (last progress: %s at +%s; %s)%s"
+                   % (wording.secs(look.quiet), where, look.state.last_progress,
                       wording.secs(look.state.last_progress_t), wording.picture(look.state, look.snap, look.proc, look.cpu_rate),
                       _hang_notes(look)), evidence=wording.hang_evidence(look.state, look.snap.http), terminal=True)
+
+
+def _was_ready(look):
+    """Words for a server that had been ready before it stopped answering, or None: its launcher said so
+    to systemd (a notify unit active with its "ready in ..." status), or the engine logged that it was."""
+    unit = look.snap.unit or {}
+    status = unit.get("StatusText") or ""
+    if unit.get("Type") == "notify" and unit.get("ActiveState") == "active" and status.startswith("ready"):
+        return "after it had been ready (its launcher told systemd: %s)" % status
+    if look.state.ready_hint:
+        return "after the engine logged that it was ready"
+    return None
 
 
 def timeout(look):
@@ -377,7 +393,8 @@ FAILURE_RULES = (
 )
 HANG_RULES = (
     Rule("stalled", STALLED, "no progress on any signal for stall_timeout (spinning CPU does not count)",
-         "stalled: no progress for N s in phase X (last progress: ... at +N s; ...)",
+         "stalled: no progress for N s in phase X (last progress: ... at +N s; ...); a server that had been "
+         "ready: stalled: no progress for N s after the engine logged that it was ready: it answers nothing (...)",
          (UNIT + "test_classifier.py::test_hang_is_stalled_exactly_at_stall_timeout_not_a_poll_earlier",
           LIVE + "test_arrivals.py::test_a_download_whose_server_stops_sending_is_stalled_waiting_on_the_network"),
          (UNIT + "test_classifier.py::test_vllm_cpu_start_17_s_silence_after_loading_is_not_stalled",

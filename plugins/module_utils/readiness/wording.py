@@ -93,6 +93,9 @@ def hang_evidence(state, http):
     if completion is not None and completion.kind == "timeout":
         evidence = ["POST /v1/completions (model %r): %s, while GET /health answered %s"
                     % (http.model, completion.error, http_result(http.health))] + evidence
+    elif http is not None and http.health is not None and http.health.kind == "timeout":
+        evidence = ["GET /health: %s: the server accepts connections and answers nothing, so nothing else "
+                    "was asked" % http.health.error] + evidence
     return evidence
 
 
