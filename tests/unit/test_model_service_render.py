@@ -63,6 +63,9 @@ EXTRA_VARS = {
     "_model_service_expected_load_file": "{{ render_root }}/{{ inventory_hostname }}/expected-load.prom",
     "model_service_group": "root",
     "model_service_venv": VENV,
+    # This machine stands for the host and has no container runtime: the preflight's look for its tool finds
+    # one that is there (the unit still runs /usr/bin/podman or /usr/bin/docker).
+    "_model_service_container_cli": "/bin/sh",
 }
 
 
@@ -502,3 +505,18 @@ def test_auto_budgets_are_left_to_the_launcher(rendered):
     assert " --state-dir /var/lib/modelwake/vllm-auto --crash-loop-starts 3 --no-start-history " in line
     # vLLM's own deadline cannot know the auto budget: it stays out of the way.
     assert "VLLM_ENGINE_READY_TIMEOUT_S=86400" in directive(unit, "Environment")
+
+
+@pytest.mark.parametrize("runtime,packages", [("docker", "docker.io tini"), ("podman", "podman catatonit")])
+def test_a_container_runtime_missing_on_the_host_is_refused_before_anything_is_written(tmp_path, runtime, packages):
+    # The runtime's tool where the host has none (extra vars: above the role's own path of it).
+    make_model(str(tmp_path / "model"))
+    host = {"model_service_model_path": str(tmp_path / "model"), "model_service_runtime": runtime,
+            "model_service_container_image_id": "sha256:" + "a" * 64}
+    missing = str(tmp_path / "no-such-dir" / runtime)
+    proc, root = run_play(tmp_path, {"bad": host}, extra={"_model_service_container_cli": missing})
+    assert proc.returncode != 0
+    flat = " ".join(proc.stdout.split())
+    assert ("model_service_runtime is %s but %s is missing on bad; nothing was changed." % (runtime, missing)) in flat, flat
+    assert "`apt-get update && apt-get install -y %s`" % packages in flat, flat
+    assert not os.path.exists(os.path.join(str(root), "bad"))
