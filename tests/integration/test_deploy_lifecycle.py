@@ -411,6 +411,23 @@ def test_preflight_stops_a_listed_unit_and_refuses_a_foreign_holder(guest):
     on_guest("rm -f %s" % (holder_file % "ddtree"))
 
 
+def test_a_container_runtime_missing_on_the_host_stops_the_deploy_before_any_change(guest):
+    # The running model, asked to move into a Docker container on a host without Docker.
+    with open(guest.inventory) as handle:
+        models = json.load(handle)["all"]["vars"]["modelwake_models"]
+    models["k26"] = dict(models["k26"], runtime="docker", image_id="sha256:" + "0" * 64)
+    before = unit_state()
+    rc, out = guest.play("deploy-k26.yml", {"modelwake_models": models})
+    assert rc == 2, out
+    assert recap(out)["changed"] == 0, out
+    flat = " ".join(out.split())
+    assert "model_service_runtime is docker but /usr/bin/docker is missing on %s; nothing was changed." % GUEST in flat
+    assert "`apt-get update && apt-get install -y docker.io tini`" in flat, flat
+    # Refused at model_service's preflight: before gpu_preflight and inference_env ran at all.
+    assert "TASK [gpu_preflight" not in out and "TASK [inference_env" not in out, out
+    assert unit_state()["InvocationID"] == before["InvocationID"]
+
+
 def test_status_stop_and_start_again(guest):
     rc, objects, _ = guest.modelwake("status")
     assert rc == 0, objects
