@@ -5,11 +5,14 @@ filesystem, and the looks both tests take at the unit and its containers."""
 import json
 import os
 import re
+import subprocess
 import tempfile
 import time
 
 from modelwake_runner.cli import run_playbook
+from tests.helpers import ROOT
 from tests.helpers.guesthost import PlayOutput, guest_sh, guest_vars, host_tool
+from tests.helpers.paths import ANSIBLE
 
 # A load of a few seconds (64 MiB at 16 MiB/s), so that several looks see it.
 FAST = ["--disable-cuda-graph", "--load-rate-mib", "16", "--start-seconds", "1", "--init-seconds", "2",
@@ -155,6 +158,19 @@ class ContainerGuest(object):
     def containers(self):
         """The names of every container on the guest, running or not."""
         return self.sh("%s ps --all --format '{{.Names}}'" % self.runtime).split()
+
+    def look(self, guest, **args):
+        """wait_for_model_ready run ad hoc by real Ansible on the unit, as an operator runs it (README):
+        only the options given, nothing the role would add; returns its result."""
+        args = dict({"url": "http://127.0.0.1:%d" % self.port, "unit": self.unit + ".service"}, **args)
+        argv = [ANSIBLE, "-i", guest["inventory"], self.name, "-o", "-m", "modelwake.serving.wait_for_model_ready",
+                "-a", json.dumps(args)]
+        proc = subprocess.run(argv, cwd=ROOT, env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg")),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=600)
+        for line in proc.stdout.splitlines():
+            if line.startswith(self.name + " | "):
+                return json.loads(line.split(" => ", 1)[1])
+        raise AssertionError("no result from wait_for_model_ready:\n" + proc.stdout[-3000:])
 
     def journal_cursor(self):
         return self.sh("journalctl -u %s -n 1 -o export | sed -n 's/^__CURSOR=//p'" % self.unit)

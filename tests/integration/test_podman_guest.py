@@ -159,6 +159,13 @@ def test_a_hang_in_the_container_is_stalled_with_the_ranks_stacks(guest):
     assert re.search(r"stalled: no progress for \d+ s in phase loading", journal), journal[-4000:]
     assert re.search(r"the ranks' stacks: TP0 in hang \(modelwake_sim/ranks\.py:\d+\)", journal), journal[-4000:]
     assert "stacks unavailable" not in journal, journal[-4000:]
+    # The operator's own look, ad hoc, without a py-spy path: the engine runs a bare `python3` in the
+    # container, and py-spy is found beside the unit's launcher (the host's venv). systemd restarted the
+    # unit after the launcher's verdict; its engine hangs again a second into the load.
+    looked = VM.look(guest, stall_timeout=8, poll_interval=1, timeout=120)
+    assert looked["phase"] == "stalled", looked
+    assert re.search(r"the ranks' stacks: TP0 in hang \(modelwake_sim/ranks\.py:\d+\)", looked["msg"]), looked
+    assert not looked.get("stacks_unavailable"), looked
     on_guest("systemctl stop %s" % UNIT, check=False)
     assert containers() == []
 

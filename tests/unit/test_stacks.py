@@ -155,3 +155,33 @@ def test_one_py_spy_release_everywhere():
 def test_a_group_first_seen_at_this_read_gets_no_duration():
     assert summarize([entry(5, 0, "poll", 106, state="T", since=62.0)], 62.0) == \
         "TP0 state T (stopped) in poll (loader.py:106)"
+
+
+def test_py_spy_of_a_container_is_found_along_the_engines_own_path_in_its_own_root(tmp_path, monkeypatch):
+    """A container's engine runs `python3 -m ...`: its interpreter is where its own PATH finds it, in its
+    own root (/proc/<pid>/root), and so is the py-spy beside it. A laid-out /proc stands for the host's."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    proc = tmp_path / "proc"
+    root = proc / "4242" / "root"
+    (proc / "4242").mkdir(parents=True)
+    (proc / "4242" / "environ").write_bytes(b"HOME=/root\0PATH=/usr/local/bin:/opt/modelwake/venv/bin:/usr/bin\0")
+    venv_bin = root / "opt" / "modelwake" / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (root / "usr" / "bin").mkdir(parents=True)
+    executable(venv_bin / "python3")
+    executable(root / "usr" / "bin" / "python3")  # further along the PATH: not the one the process runs
+    processes = {4242: {"cmdline": "python3 -m modelwake_sim serve --engine sglang"}}
+    found, missing = stacks.find_py_spy("auto", processes, str(proc))
+    assert found is None and str(venv_bin) in missing
+    in_container = executable(venv_bin / "py-spy")
+    assert stacks.find_py_spy("auto", processes, str(proc)) == (in_container, None)
+    # An image without py-spy: the one beside the unit's launcher, in the host's venv (inference_env's).
+    os.unlink(in_container)
+    host_bin = tmp_path / "host-venv" / "bin"
+    host_bin.mkdir(parents=True)
+    on_host = executable(host_bin / "py-spy")
+    launcher = {77: {"cmdline": "%s/python /opt/modelwake/lib/modelwake-launch --url http://x" % host_bin}}
+    assert stacks.find_py_spy("auto", processes, str(proc), helpers=launcher) == (on_host, None)
+    # Another user's process, whose environment cannot be read: PATH here, as before.
+    (proc / "4242" / "environ").unlink()
+    assert stacks.interpreter_dirs(processes, str(proc)) == []

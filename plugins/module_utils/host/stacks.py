@@ -8,7 +8,9 @@ Why py-spy, and how:
 - It needs ptrace permission over the target: root, or the same user where Yama's ptrace_scope
   is 0, or CAP_SYS_PTRACE (the launcher's unit grants it where Yama asks for it).
 - Where py-spy is: the `py_spy` option (a path, or "off"); by default next to the engine's
-  interpreter (the venv's bin/, where inference_env installs it), then PATH.
+  interpreter (the venv's bin/, where inference_env installs it), then PATH. An interpreter named
+  without a directory (a container's `python3 -m ...`) is found as the process found it: along its own
+  PATH (/proc/<pid>/environ), in its own root (/proc/<pid>/root, the container's filesystem).
 A process that is not Python (a compiler child, the launcher's nvidia-smi) is skipped.
 
 GIL and activity: py-spy reports per thread `owns_gil` (the thread is the GIL's current holder,
@@ -53,30 +55,58 @@ def process_name(info):
     return info.get("comm") or "?"
 
 
-def interpreter_dirs(processes):
-    """The bin/ directories of the tree's interpreters (a venv's bin/), in pid order."""
+def interpreter_dirs(processes, proc_root="/proc"):
+    """The bin/ directories of the tree's interpreters (a venv's bin/), in pid order: as the command line
+    names them, or, for a bare `python3`, where the process's own PATH finds it in its own root."""
     dirs = []
     for pid in sorted(processes):
         words = (processes[pid].get("cmdline") or "").split()
-        if words and os.path.isabs(words[0]) and os.path.basename(words[0]).startswith("python"):
-            if os.path.dirname(words[0]) not in dirs:
-                dirs.append(os.path.dirname(words[0]))
+        if not words or not os.path.basename(words[0]).startswith("python"):
+            continue
+        if os.path.isabs(words[0]):
+            directory = os.path.dirname(words[0])
+        else:
+            directory = _found_on_own_path(pid, words[0], proc_root)
+        if directory and directory not in dirs:
+            dirs.append(directory)
     return dirs
+
+
+def _found_on_own_path(pid, command, proc_root):
+    """The directory, seen from here through /proc/<pid>/root, in which the process's PATH finds
+    `command`; None when its environment cannot be read (another user's process) or nothing matches."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "environ"), "rb") as handle:
+            environ = handle.read().split(b"\0")
+    except OSError:
+        return None
+    path = [entry[len(b"PATH="):].decode("utf-8", "replace") for entry in environ if entry.startswith(b"PATH=")]
+    root = os.path.join(proc_root, str(pid), "root")
+    for directory in (path[0].split(":") if path else []):
+        if not os.path.isabs(directory):
+            continue
+        seen_from_here = os.path.join(root, directory.lstrip("/"))
+        if os.path.exists(os.path.join(seen_from_here, command)):
+            return seen_from_here
+    return None
 
 
 def _executable(path):
     return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
-def find_py_spy(option, processes):
-    """(path, None) or (None, why there is none)."""
+def find_py_spy(option, processes, proc_root="/proc", helpers=None):
+    """(path, None) or (None, why there is none). helpers: other processes of the server's unit (its
+    launcher, which runs from the host's venv where inference_env installs py-spy for an engine in a
+    container), looked beside after the engine's own interpreters."""
     if option == "off":
         return None, "stacks are off (py_spy: off)"
     if option and option != "auto":
         if _executable(option):
             return option, None
         return None, "py_spy %s is not an executable file" % option
-    looked = interpreter_dirs(processes)
+    looked = interpreter_dirs(processes, proc_root)
+    looked += [directory for directory in interpreter_dirs(helpers or {}, proc_root) if directory not in looked]
     for directory in looked:
         candidate = os.path.join(directory, "py-spy")
         if _executable(candidate):
@@ -168,16 +198,16 @@ class StackReader(object):
         self.proc_root = proc_root
         self.sleep = sleep
 
-    def read(self, processes, samples=1, local_values=False):
+    def read(self, processes, samples=1, local_values=False, helpers=None):
         """{pid: info} -> {"processes": [...], "unavailable": None or why}.
 
         Each process: pid, name, rank, state, thread, frames (innermost first: [function, file,
         line]), signature (of the last sample), cpu_seconds and faults (from `info`, for the
         classifier's rule), and combine_samples()'s owns_gil, active, samples, gil_active_samples,
         line_moved, locals_moved. samples: dumps per process, SAMPLE_SPACING apart (every process
-        is dumped once per round); local_values: dump with --locals, for locals_moved.
+        is dumped once per round); local_values: dump with --locals, for locals_moved; helpers: see find_py_spy.
         """
-        py_spy, why = find_py_spy(self.option, processes)
+        py_spy, why = find_py_spy(self.option, processes, self.proc_root, helpers)
         if py_spy is None:
             return {"processes": [], "unavailable": why}
         taken = {}

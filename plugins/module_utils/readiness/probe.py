@@ -188,7 +188,9 @@ class HostProbe(object):
         stack_read = None
         if stacks and processes:
             children_before = _children_cpu_s()
-            stack_read = self.stacks.read(processes, samples=self.stack_samples, local_values=self.stack_locals)
+            # py-spy beside the engine's interpreter, else beside the launcher's (the host venv, for a container).
+            stack_read = self.stacks.read(processes, samples=self.stack_samples, local_values=self.stack_locals,
+                                          helpers=launcher)
             # What the py-spy runs cost: the classifier spaces the next read by it.
             stack_read["cpu_s"] = round(_children_cpu_s() - children_before, 4)
             if stack_read["unavailable"]:
