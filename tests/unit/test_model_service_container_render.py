@@ -267,3 +267,39 @@ def test_the_docker_rollback_lets_a_start_create_its_container_before_the_restar
         rc, commands = docker_creating_wait(work, substate, container_exists=False, deadline="1.5")
         assert rc == 124, (substate, commands)
         assert commands.count("docker container inspect modelwake-sglang-dock") >= 2, commands
+
+
+@pytest.mark.parametrize("runtime", ["podman", "docker"])
+def test_a_host_without_nvidia_devices_runs_the_container_without_gpus(tmp_path, runtime):
+    # A CPU host, or the test hosts' scripted GPUs: no /dev/nvidiactl, so no mapping that would fail the start.
+    model = str(tmp_path / "m")
+    make_model(model)
+    host = {"model_service_runtime": runtime, "model_service_model_path": model, "model_service_gpus": [0, 1],
+            "model_service_tp": 2, "model_service_container_image_id": IMAGE_ID}
+    proc, root = run_play(tmp_path, {"cpu": host}, extra={"_model_service_nvidia_ctl": str(tmp_path / "no-device")})
+    assert proc.returncode == 0, proc.stdout
+    argv = exec_argv((root / "cpu" / "unit.service").read_text())
+    assert not [word for word in argv if word.startswith(("--device=nvidia.com/gpu=", "--gpus=device="))], argv
+    # The launcher still watches the host's GPUs the model was given.
+    assert argv[argv.index("--gpus") + 1] == "0,1", argv
+
+
+@pytest.mark.parametrize("runtime,missing,words", [
+    ("podman", {"_model_service_cdi_dirs": ["/nonexistent/cdi"]},
+     "Podman maps GPUs 2, 3 into the container by CDI, and gpu has no CDI specification naming nvidia.com/gpu in "
+     "/nonexistent/cdi; nothing was changed. Generate it with the NVIDIA Container Toolkit: `nvidia-ctk cdi generate "
+     "--output=/etc/cdi/nvidia.yaml`"),
+    ("docker", {"_model_service_nvidia_hook": "/nonexistent/nvidia-container-runtime-hook"},
+     "Docker gives the container GPUs 2, 3 through the NVIDIA Container Toolkit, and "
+     "/nonexistent/nvidia-container-runtime-hook is missing on gpu; nothing was changed."),
+])
+def test_gpus_the_host_cannot_map_into_a_container_are_refused_before_anything_is_written(tmp_path, runtime, missing,
+                                                                                          words):
+    model = str(tmp_path / "m")
+    make_model(model)
+    host = {"model_service_runtime": runtime, "model_service_model_path": model, "model_service_gpus": [2, 3],
+            "model_service_tp": 2, "model_service_container_image_id": IMAGE_ID}
+    proc, root = run_play(tmp_path, {"gpu": host}, extra=missing)
+    assert proc.returncode != 0
+    assert words in " ".join(proc.stdout.split()), proc.stdout
+    assert not os.path.exists(os.path.join(str(root), "gpu"))

@@ -18,7 +18,7 @@ import pytest
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.textfile import prometheus_text
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.verdict import Verdict
 
-from tests.helpers import ANSIBLE_PLAYBOOK as PLAYBOOK, ROOT
+from tests.helpers import ANSIBLE_PLAYBOOK as PLAYBOOK, FIXTURES, ROOT
 VENV = "/opt/modelwake/venv"
 SECRET = "sk-modelwake-test-7f3a9c"
 
@@ -66,6 +66,10 @@ EXTRA_VARS = {
     # This machine stands for the host and has no container runtime: the preflight's look for its tool finds
     # one that is there (the unit still runs /usr/bin/podman or /usr/bin/docker).
     "_model_service_container_cli": "/bin/sh",
+    # ... and has NVIDIA's devices, the GPUs' CDI specification (Podman) and the Container Toolkit's hook (Docker).
+    "_model_service_nvidia_ctl": "/dev/null",
+    "_model_service_cdi_dirs": [os.path.join(FIXTURES, "cdi")],
+    "_model_service_nvidia_hook": "/bin/sh",
 }
 
 
