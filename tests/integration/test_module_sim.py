@@ -368,13 +368,11 @@ def test_hang(outcome, engine, phase):
         # backlog) answers nothing. The first look's completion waits no longer than stall_timeout, the
         # look at the stall's moment a poll: the verdict within S + 2P, not after the probe's 30 s.
         assert "after the engine logged that it was ready: it answers nothing" in result["msg"], run
-        if engine == "vllm":  # its /health stays 200 (the API server lives); the completion hangs
-            assert "/completion timeout" in result["msg"]
-            assert any("/v1/completions" in line and "no answer" in line for line in result["evidence"]), run
-        else:  # SGLang's /health generates a token through the hung ranks: it hangs, and nothing else is asked
-            assert "HTTP /health timeout" in result["msg"] and "/completion" not in result["msg"], run
-            assert result["evidence"][0].startswith("GET /health: no answer in "), run
-        assert result["elapsed"] <= STALL + 2 * POLL + SLACK, run
+        assert "/completion timeout" in result["msg"]
+        assert any("/v1/completions" in line and "no answer" in line for line in result["evidence"]), run
+        if engine == "sglang":  # its /health generates a token through the hung ranks: it hangs too
+            assert "HTTP /health timeout" in result["msg"], run
+        assert result["elapsed"] <= STALL + 2 * POLL + 2, run  # the module's own clock: whole seconds, a busy look
     else:
         expected_phase = {"warmup": "initializing"}.get(phase, phase)
         assert " in phase %s " % expected_phase in result["msg"], run

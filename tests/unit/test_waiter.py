@@ -115,8 +115,8 @@ def test_a_hung_completion_costs_one_attempt_at_most_then_the_stall_comes_on_tim
 
 class StoppedServerProbe(object):
     """A server stopped (SIGSTOP) before the wait began: it accepts and never answers. Each look lasts
-    what HostProbe waits then: /health's timeout (nothing else is asked), within the waiter's budget;
-    `completion_first` adds the case where /health answers and the completion hangs from the first look."""
+    what HostProbe waits then: the look's one HTTP budget, max(5 s, completion_timeout), within the
+    waiter's; `completion_first` adds the case where /health answers and the completion hangs."""
 
     def __init__(self, clock, cfg, completion_first=False):
         self.clock, self.cfg, self.completion_first = clock, cfg, completion_first
@@ -124,7 +124,7 @@ class StoppedServerProbe(object):
         self.budgets = []
 
     def snapshot(self, t, remaining=None, stacks=False):
-        limit = self.cfg.completion_timeout if self.completion_first else 5.0
+        limit = max(5.0, self.cfg.completion_timeout)
         budget = limit if remaining is None else min(limit, remaining)
         self.budgets.append(budget)
         self.clock.now += budget

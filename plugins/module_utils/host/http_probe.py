@@ -92,15 +92,18 @@ def probe_ready(base_url, ready_check="completion", model=None, api_key=None,
 
     {"health": result, "models": result or None, "completion": result or None,
      "model": the model name used or None, "ready": bool, "listening": bool}
-    /health is always asked first: it is cheap and tells a closed port from a warming server; when it
-    times out nothing else is asked, so a server that accepts and never answers costs a look one
-    health_timeout, not one per endpoint. deadline (time.monotonic()): each request waits at most
-    until then (MIN_REQUEST_SECONDS at least), so the look's requests share its budget.
+    /health is always asked first: it is cheap and tells a closed port from a warming server.
+    The look's requests share one budget, the longer of the two timeouts (and never past `deadline`,
+    time.monotonic()): each waits at most its own timeout and what is left of it (MIN_REQUEST_SECONDS
+    at least), so a server that accepts and never answers costs a look that budget once, not a timeout
+    per endpoint. A slow /health (SGLang's generates a token) still leaves the completion its turn.
     """
+    look_end = time.monotonic() + max(health_timeout, completion_timeout)
+    if deadline is not None:
+        look_end = min(look_end, deadline)
+
     def until_deadline(limit):
-        if deadline is None:
-            return limit
-        return max(MIN_REQUEST_SECONDS, min(limit, deadline - time.monotonic()))
+        return max(MIN_REQUEST_SECONDS, min(limit, look_end - time.monotonic()))
 
     base = base_url.rstrip("/")
     found = {"health": None, "models": None, "completion": None, "model": model,
@@ -110,10 +113,6 @@ def probe_ready(base_url, ready_check="completion", model=None, api_key=None,
     found["health"] = _short(health)
     found["listening"] = health["kind"] in ("status", "timeout")
     if not found["listening"]:
-        return found
-    if health["kind"] == "timeout":
-        # The server accepts but does not answer its cheapest endpoint: its HTTP loop is blocked (a
-        # stopped or hung process), and every other request would wait out its own timeout the same way.
         return found
     if ready_check == "health":
         found["ready"] = health["kind"] == "status" and health["code"] == 200

@@ -94,8 +94,7 @@ def hang_evidence(state, http):
         evidence = ["POST /v1/completions (model %r): %s, while GET /health answered %s"
                     % (http.model, completion.error, http_result(http.health))] + evidence
     elif http is not None and http.health is not None and http.health.kind == "timeout":
-        evidence = ["GET /health: %s: the server accepts connections and answers nothing, so nothing else "
-                    "was asked" % http.health.error] + evidence
+        evidence = ["GET /health: %s: the server accepts connections and answers nothing" % http.health.error] + evidence
     return evidence
 
 
