@@ -250,3 +250,31 @@ def test_a_server_stopped_that_never_said_ready_is_stalled_in_its_start_phase():
     _t, verdict = _stopped_after_ready()[-1]
     assert verdict.phase == "stalled"
     assert "stalled: no progress for 15 s in phase " in verdict.msg and "was ready" not in verdict.msg
+
+
+# -- a notify unit's status: its derived figures are no progress, its percent is -----------------------
+def _loading_under_a_launcher(status_at, stall=15):
+    """A notify unit loading under its launcher, whose engine the wait sees idle (its reads stopped at 0)."""
+    trace = Trace(pids=(100, 200, 300))
+    snaps = []
+    for t in range(0, 31):
+        unit = unit_props(state="activating", sub="start", main_pid=100)
+        unit.update(Type="notify", StatusText=status_at(t))
+        snaps.append(trace.step(t, cpu=0.0, http_result=http("refused"), unit=unit))
+    return replay(config(engine="sglang", timeout=3600, stall_timeout=stall, poll_interval=1,
+                         unit="sglang-k26.service"), snaps)
+
+
+def test_a_hung_load_whose_launcher_status_only_recounts_its_rate_and_eta_is_stalled():
+    # The launcher's average rate falls and its ETA grows at every look of a hung load: the clock, not work.
+    verdicts = _loading_under_a_launcher(
+        lambda t: "loading 12%% (1/8 shards, %d MiB/s, ETA %ds) | usual: starting 1s, loading 4s" % (16 // (t + 1), 9 + 3 * t))
+    t, verdict = verdicts[-1]
+    assert verdict.phase == "stalled" and t <= 15 + 1, (t, verdict.msg)
+
+
+def test_a_load_whose_launcher_status_advances_is_not_stalled():
+    # The negative control: its percent and shard count move (the engine reads where this wait cannot see).
+    verdicts = _loading_under_a_launcher(
+        lambda t: "loading %d%% (%d/64 shards, 575 MiB/s, ETA %ds)" % (t * 3, t * 2, 600 - t))
+    assert all(verdict.phase != "stalled" for _t, verdict in verdicts), verdicts[-1][1].msg

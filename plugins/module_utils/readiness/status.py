@@ -131,16 +131,25 @@ WHERE_SEPARATOR = " | "
 WHERE_PART = re.compile(r"^(?:no stacks: |[^|]* in (?:no Python frame|\S+ \([^()|]*:\d+\)))")
 
 
+# Figures a status derives from the time as well as the work: a phase's age, a rate averaged over the load,
+# the ETA, and the slow-load line's "12x below this disk's ..." beside them. They move at every look while
+# nothing else does.
+DERIVED_FIGURES = re.compile(r" \(since [\dhms]+\)|(?:, | at )[\d.]+ [KMGT]?i?B/s\b|, ETA [^,)|]+")
+SLOW_LOAD_PART = re.compile(re.escape(BOTTLENECK_SEPARATOR) + r"[\d.]+x below .*$")
+
+
 def status_news(status_text):
     """The part of a STATUS= text that changes only with the server's progress: without the ranks'
     stacks that _with_where() appends, whose `for 40s` grows at every look of a silent phase (a
-    marker's own ` | `, as in a tqdm line, stays)."""
+    marker's own ` | `, as in a tqdm line, stays), and without the figures derived from the time (a
+    hung load's average rate falls and its ETA grows at every look: a reader must not take that for work)."""
     if status_text is None:
         return None
     head, sep, tail = status_text.rpartition(WHERE_SEPARATOR)
     news = head if sep and WHERE_PART.match(tail) else status_text
     # The usual durations and the ETA counting down are no news of the server either.
-    return news.split(USUAL_SEPARATOR)[0]
+    news = news.split(USUAL_SEPARATOR)[0]
+    return DERIVED_FIGURES.sub("", SLOW_LOAD_PART.sub("", news))
 
 
 def status_phase(status_text):
