@@ -87,23 +87,25 @@ def _json(result):
 
 
 def probe_ready(base_url, ready_check="completion", model=None, api_key=None,
-                health_timeout=HEALTH_TIMEOUT, completion_timeout=COMPLETION_TIMEOUT, deadline=None):
+                health_timeout=HEALTH_TIMEOUT, completion_timeout=COMPLETION_TIMEOUT, deadline=None, budget=None):
     """Ask the server whether it serves. Returns plain data:
 
     {"health": result, "models": result or None, "completion": result or None,
      "model": the model name used or None, "ready": bool, "listening": bool}
     /health is always asked first: it is cheap and tells a closed port from a warming server.
-    The look's requests share one budget, the longer of the two timeouts (and never past `deadline`,
-    time.monotonic()): each waits at most its own timeout and what is left of it (MIN_REQUEST_SECONDS
-    at least), so a server that accepts and never answers costs a look that budget once, not a timeout
-    per endpoint. A slow /health (SGLang's generates a token) still leaves the completion its turn.
+    The look's requests share one budget (`budget` seconds; None: the longer of the two timeouts), never
+    past `deadline` (time.monotonic()): each waits at most its own timeout and what is left of the
+    budget (MIN_REQUEST_SECONDS at least), so a server that accepts and never answers costs a look that
+    budget once, not a timeout per endpoint. A slow /health (SGLang's generates a token) still leaves the
+    completion its turn.
     """
-    look_end = time.monotonic() + max(health_timeout, completion_timeout)
+    look_end = time.monotonic() + (max(health_timeout, completion_timeout) if budget is None else budget)
     if deadline is not None:
         look_end = min(look_end, deadline)
 
     def until_deadline(limit):
-        return max(MIN_REQUEST_SECONDS, min(limit, look_end - time.monotonic()))
+        left = look_end - time.monotonic()
+        return limit if limit <= left else max(MIN_REQUEST_SECONDS, left)
 
     base = base_url.rstrip("/")
     found = {"health": None, "models": None, "completion": None, "model": model,

@@ -228,8 +228,9 @@ def liveness_probe(config, check, timeout):
     """The engine asked once, as the ready check asks it (http_probe.probe_ready, the key from the
     launcher's environment), every request bounded by `timeout`: (answered, what failed)."""
     def probe():
+        # Each of its (at most three) requests gets the whole `timeout`: a liveness failure is counted per probe.
         found = http_probe.probe_ready(config.url, ready_check=check, model=config.model, api_key=config.api_key,
-                                       health_timeout=timeout, completion_timeout=timeout)
+                                       health_timeout=timeout, completion_timeout=timeout, budget=3 * timeout)
         if found["ready"]:
             return True, None
         for name, path in (("completion", "/v1/completions"), ("models", "/v1/models"), ("health", "/health")):
