@@ -401,8 +401,10 @@ def test_hub_download_writes_the_cache_layout_with_recv_not_read(model_dir, tmp_
     assert grew[downloader] >= 2 * 1024 * 1024, (before, after)
     assert after[downloader]["write_bytes"] > before[downloader]["write_bytes"]
     assert after[downloader]["rchar"] == before[downloader]["rchar"], (before, after)
-    # The other rank waits on the lock: nothing moves, ~0 CPU.
-    assert after[waiter] == before[waiter]
+    # The other rank waits on the lock: it reads nothing and writes no more than a log line of its own
+    # (one landed in the window once, in a cold CI-like run: 218 characters), ~0 CPU.
+    assert all(after[waiter][key] == before[waiter][key] for key in ("rchar", "syscr", "read_bytes")), (before, after)
+    assert grew[waiter] < 4096, (before, after)
     assert cpu_ticks([workers[waiter]]) - ticks[waiter] <= 3
     sim.wait_log("Application startup complete.", timeout=60)
     sha = (cache / "models--org--k26" / "refs" / "main").read_text()
