@@ -50,17 +50,18 @@ def wait_for_ready(config, probe, clock=time.monotonic, sleep=time.sleep, on_sna
             short = min(config.completion_timeout, config.poll_interval)
             remaining = short if remaining is None else min(remaining, short)
         stall_due = classifier.stall_due()
-        if remaining is not None and stall_due is None:
-            # The first look: the earliest stall is stall_timeout from it, and a hung completion must not
-            # hold the look past it (docs/readiness.md: bounds).
-            remaining = min(remaining, float(config.stall_timeout))
-        elif remaining is not None and stall_due > t:
-            # A look waiting on a completion ends by the stall's moment, so that the look due there starts on time.
-            remaining = min(remaining, stall_due - t)
-        elif remaining is not None:
-            # The look that may declare the stall (nothing moved for stall_timeout): a poll at most, so a
-            # server that accepts and never answers is declared within stall_timeout + 2 polls.
-            remaining = min(remaining, float(config.poll_interval))
+        if remaining is not None:
+            if stall_due is None:
+                # The first look: the earliest stall is stall_timeout from it, and a hung completion must not
+                # hold the look past it (docs/readiness.md: bounds).
+                remaining = min(remaining, float(config.stall_timeout))
+            elif stall_due > t:
+                # A look waiting on a completion ends by the stall's moment, so that the look due there starts on time.
+                remaining = min(remaining, stall_due - t)
+            else:
+                # The look that may declare the stall (nothing moved for stall_timeout): a poll at most, so a
+                # server that accepts and never answers is declared within stall_timeout + 2 polls.
+                remaining = min(remaining, float(config.poll_interval))
         snap = probe.snapshot(t, remaining, stacks=classifier.stacks_due(t))
         verdict = classifier.observe(snap)
         if memory is not None:
