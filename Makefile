@@ -33,7 +33,15 @@ $(VENV)/.zipimport-cache: tools/zipimport_cache.py $(VENV)/.installed
 		"$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 	touch $@
 
-venv: $(VENV)/.installed $(VENV)/.zipimport-cache ## Create the pinned controller toolchain in .venv
+# Ansible parses every module_utils file again for each module of each playbook run, to find its imports:
+# the toolchain keeps what it found per file's content (tools/module_deps_cache.py).
+export MODELWAKE_MODULE_DEPS_CACHE ?= $(MODELWAKE_CACHE)/module-deps
+$(VENV)/.module-deps-cache: tools/module_deps_cache.py $(VENV)/.installed
+	$(VENV)/bin/python tools/module_deps_cache.py install \
+		"$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+	touch $@
+
+venv: $(VENV)/.installed $(VENV)/.zipimport-cache $(VENV)/.module-deps-cache ## Create the pinned controller toolchain in .venv
 
 lint: venv ## yamllint, ansible-lint (production profile) and ansible-test sanity on the built collection
 	yamllint --strict .
