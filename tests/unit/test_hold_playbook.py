@@ -5,6 +5,7 @@ same reason changes nothing; stop.yml leaves a held unit alone (without touching
 removes both files. The deploy's own skipping runs on a systemd guest (tests/integration/test_hold_guest.py)."""
 import json
 import os
+import pwd
 import re
 import shutil
 import sys
@@ -81,7 +82,10 @@ def play(inventory, playbook, extravars=None, env=None):
 
 
 def play_hold(box, playbook, **extravars):
-    return play(box / "inventory.json", os.path.join("playbooks", playbook), extravars, env={"USER": "alice"})
+    # The hold names $USER. Ansible's local connection takes its own user from LOGNAME first: it stays the
+    # real one, or its temporary directory would be ~alice/..., a relative path for a user that does not exist.
+    return play(box / "inventory.json", os.path.join("playbooks", playbook), extravars,
+                env={"USER": "alice", "LOGNAME": pwd.getpwuid(os.getuid()).pw_name})
 
 
 def test_a_hold_without_a_reason_is_refused_and_changes_nothing(box):
