@@ -36,7 +36,7 @@ $(VENV)/.zipimport-cache: tools/zipimport_cache.py $(VENV)/.installed
 # Ansible parses every module_utils file again for each module of each playbook run, to find its imports:
 # the toolchain keeps what it found per file's content (tools/module_deps_cache.py).
 export MODELWAKE_MODULE_DEPS_CACHE ?= $(MODELWAKE_CACHE)/module-deps
-$(VENV)/.module-deps-cache: tools/module_deps_cache.py $(VENV)/.installed
+$(VENV)/.module-deps-cache: tools/module_deps_cache.py tools/zipimport_cache.py $(VENV)/.installed
 	$(VENV)/bin/python tools/module_deps_cache.py install \
 		"$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 	touch $@

@@ -16,8 +16,8 @@ file that changes is parsed again. tests/unit/test_module_deps_cache.py checks t
 toolchain builds is byte for byte the one Ansible builds without it.
 
 Installed by `make venv` into the toolchain's venv only (never on a managed host, never shipped with the
-collection), through `install()` below: this file and a .pth line that imports it at start-up; it patches
-ansible.executor.module_common when, and only when, a process imports it. The cache lives in
+collection): this file and a .pth line that imports it at start-up (`module_deps_cache.py install
+SITE_DIR`); it patches ansible.executor.module_common when, and only when, a process imports it. The cache lives in
 $MODELWAKE_MODULE_DEPS_CACHE (the Makefile sets it under $MODELWAKE_CACHE); `off` turns it off (`make bench`
 measures Ansible as an operator runs it). Standard library only; a cache entry that cannot be read or
 written is computed as without the cache.
@@ -132,22 +132,12 @@ class _PatchOnImport(object):
         return spec
 
 
-def install(site_dir):
-    """Put this file into `site_dir` (a site-packages directory) with the .pth line that imports it."""
-    os.makedirs(site_dir, exist_ok=True)
-    with open(__file__) as handle:
-        source = handle.read()
-    with open(os.path.join(site_dir, "modelwake_module_deps_cache.py"), "w") as handle:
-        handle.write(source)
-    # site.py runs the .pth lines that begin with "import" at every start-up of that Python.
-    with open(os.path.join(site_dir, "modelwake-module-deps-cache.pth"), "w") as handle:
-        handle.write("import modelwake_module_deps_cache\n")
-
-
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] != "install":
         sys.exit("usage: module_deps_cache.py install SITE_PACKAGES_DIR")
-    install(sys.argv[2])
+    # Installed as zipimport_cache.py is: this file and its .pth line (run from tools/, beside it).
+    from zipimport_cache import install_startup_module
+    install_startup_module(sys.argv[2], __file__, "modelwake_module_deps_cache")
 elif (CACHE_DIR != "off" and PATCHED_MODULE not in sys.modules
       and not any(getattr(finder, MARKER, False) for finder in sys.meta_path)):
     _finder = _PatchOnImport()

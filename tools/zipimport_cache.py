@@ -65,16 +65,22 @@ def _cached_compile_source(pathname, source):
     return code
 
 
-def install(site_dir):
-    """Put this file into `site_dir` (a site-packages directory) with the .pth line that imports it."""
+def install_startup_module(site_dir, source_path, module_name):
+    """Put the file `source_path` into `site_dir` (a site-packages directory) as the module `module_name`,
+    with the .pth line that imports it at every start-up of that Python (also tools/module_deps_cache.py's)."""
     os.makedirs(site_dir, exist_ok=True)
-    with open(__file__) as handle:
+    with open(source_path) as handle:
         source = handle.read()
-    with open(os.path.join(site_dir, "modelwake_zipimport_cache.py"), "w") as handle:
+    with open(os.path.join(site_dir, module_name + ".py"), "w") as handle:
         handle.write(source)
     # site.py runs the .pth lines that begin with "import" at every start-up of that Python.
-    with open(os.path.join(site_dir, "modelwake-zipimport-cache.pth"), "w") as handle:
-        handle.write("import modelwake_zipimport_cache\n")
+    with open(os.path.join(site_dir, module_name.replace("_", "-") + ".pth"), "w") as handle:
+        handle.write("import %s\n" % module_name)
+
+
+def install(site_dir):
+    """Put this file into `site_dir` (a site-packages directory) with the .pth line that imports it."""
+    install_startup_module(site_dir, __file__, "modelwake_zipimport_cache")
 
 
 if _compile_source is not None:
