@@ -493,6 +493,22 @@ def test_bad_input_fails_clearly_and_writes_nothing(tmp_path, bad, message):
     assert SECRET not in proc.stdout  # a refused webhook URL is named, never shown
 
 
+def test_every_wrong_setting_is_named_at_once(tmp_path):
+    """The settings are checked in one task: a person who got three fields wrong reads all three, each
+    message naming its field, and a check that applies only elsewhere (the failure webhook's) says nothing."""
+    make_model(str(tmp_path / "model"))
+    host = {"model_service_model_path": str(tmp_path / "model"), "model_service_port": 0,
+            "model_service_prefetch": "always", "model_service_unit": "sglang-k26.service"}
+    proc, root = run_play(tmp_path, {"bad": host})
+    assert proc.returncode != 0
+    flat = " ".join(proc.stdout.split())
+    for message in ("model_service_port must be 1-65535 (is 0)", "model_service_prefetch must be auto, on or off (is always)",
+                    "model_service_unit 'sglang-k26.service' must be a plain unit name"):
+        assert message in flat, flat
+    assert "model_service_failure_webhook_url" not in flat, flat
+    assert not os.path.exists(os.path.join(str(root), "bad"))
+
+
 def test_every_unit_keeps_its_start_history_in_a_state_directory(rendered):
     for host, unit_name in (("sglang", "sglang-k26"), ("notify", "vllm-notify"), ("autobudgets", "vllm-auto")):
         assert directive(read(rendered, host, "unit.service"), "StateDirectory") == ["modelwake/" + unit_name]

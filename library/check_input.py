@@ -1,0 +1,1 @@
+../plugins/modules/check_input.py
