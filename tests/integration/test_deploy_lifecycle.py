@@ -325,6 +325,15 @@ def test_the_prefetch_reads_a_cold_model_before_the_engine_and_a_run_that_change
     assert rc == 0 and recap(out)["changed"] == 0, out
     assert unit_state()["InvocationID"] == before["InvocationID"]
     assert not [line for line in journal_since(since) if "prefetch" in line]
+    # The group and user tasks run only where getent shows a difference: a service user taken out of a
+    # GPU group (by hand, or by a rebuilt host image) is put back by the next run, which restarts nothing.
+    on_guest("gpasswd -d modelwake video")
+    rc, out = guest.play("deploy-k26.yml", changed)
+    assert rc == 0 and recap(out)["changed"] == 1, out
+    assert of_kind(out.objects, "task_end", host=GUEST, task="Create the service user", status="changed"), out
+    assert of_kind(out.objects, "task_end", host=GUEST, task="Create the service group", status="skipped"), out
+    assert "modelwake" in on_guest("getent group video").split(":")[3].split(",")
+    assert unit_state()["InvocationID"] == before["InvocationID"]
     # (Whether a restart on a warm cache reads it again depends on what the service user can know of
     # the cache on this filesystem: test_prefetch_step.py, as the service user, and docs/operating.md.)
 
