@@ -29,6 +29,9 @@ options:
       - Relative path under I(path) -> the file's content, base64-encoded (C(lookup('ansible.builtin.file', src) | b64encode)),
         so that no templating or text conversion touches it on the way.
       - A path may not be absolute or climb out of I(path) (C(..)).
+      - Instead of the content, a mapping C({content, owner, group, mode}) gives that file its own owner, group
+        or mode (each key but C(content) optional, the options below where absent), e.g. an environment file
+        that holds a secret, C(0600), beside files that anyone may read.
     type: dict
     required: true
   owner:
@@ -44,7 +47,9 @@ options:
     type: str
     default: "0644"
   dir_mode:
-    description: Mode of I(path) and of the directories under it that hold I(files).
+    description:
+      - Mode of I(path) and of the directories under it that hold I(files).
+      - I(path) itself is given I(owner), I(group) and I(dir_mode) also when it exists.
     type: str
     default: "0755"
   prune:
@@ -107,24 +112,48 @@ ARGUMENT_SPEC = {
 }
 
 
-def decode_files(files):
-    """{relative path: bytes} from the module's files argument; ValueError names the bad entry."""
+FILE_KEYS = ("content", "owner", "group", "mode")
+
+
+class FileSpec:
+    """One file to install: its bytes and the owner, group and mode it must have."""
+
+    def __init__(self, content, owner, group, mode):
+        self.content = content
+        self.owner = owner
+        self.group = group
+        self.mode = mode
+
+
+def decode_files(files, owner, group, mode):
+    """{relative path: FileSpec} from the module's files argument, each file's own owner, group or mode
+    where it gives one and owner, group, mode where not; ValueError names the bad entry."""
     decoded = {}
-    for relative, encoded in sorted(files.items()):
+    for relative, value in sorted(files.items()):
         parts = relative.split("/")
         if not relative or relative.startswith("/") or ".." in parts or "" in parts:
             raise ValueError("files: %r is not a plain relative path under path (no leading /, no .., no //)" % relative)
+        spec = value if isinstance(value, dict) else {"content": value}
+        unknown = sorted(set(spec) - set(FILE_KEYS))
+        if unknown or "content" not in spec:
+            raise ValueError("files: %s takes content (base64) and optionally owner, group and mode, not %s"
+                             % (relative, ", ".join(unknown) or "a mapping without content"))
+        encoded = spec["content"]
         if not isinstance(encoded, str):
             raise ValueError("files: the content of %s must be a base64 string (| b64encode), not %s"
                              % (relative, type(encoded).__name__))
         try:
-            decoded[relative] = base64.b64decode(encoded, validate=True)
+            content = base64.b64decode(encoded, validate=True)
         except (binascii.Error, ValueError):
             raise ValueError("files: the content of %s is not base64: encode it with | b64encode" % relative)
+        own_mode = parse_mode("files: the mode of %s" % relative, spec["mode"]) if "mode" in spec else mode
+        decoded[relative] = FileSpec(content, spec.get("owner", owner), spec.get("group", group), own_mode)
     return decoded
 
 
 def parse_mode(name, value):
+    if not isinstance(value, str):
+        raise ValueError("%s: %r must be an octal mode written as a string, such as \"0644\"" % (name, value))
     try:
         mode = int(value, 8)
     except ValueError:
@@ -145,8 +174,8 @@ def current_content(target):
 def plan(root, files, prune):
     """What to do: (to_write, to_check, to_remove) as sorted relative paths. to_check: content already there."""
     to_write, to_check = [], []
-    for relative, content in sorted(files.items()):
-        if current_content(os.path.join(root, relative)) == content:
+    for relative, spec in sorted(files.items()):
+        if current_content(os.path.join(root, relative)) == spec.content:
             to_check.append(relative)
         else:
             to_write.append(relative)
@@ -190,9 +219,9 @@ def main():
     try:
         if not os.path.isabs(root):
             raise ValueError("path: %r is not absolute" % params["path"])
-        files = decode_files(params["files"])
         mode = parse_mode("mode", params["mode"])
         dir_mode = parse_mode("dir_mode", params["dir_mode"])
+        files = decode_files(params["files"], params["owner"], params["group"], mode)
     except ValueError as exc:
         module.fail_json(msg=str(exc))
     if os.path.exists(root) and not os.path.isdir(root):
@@ -205,13 +234,18 @@ def main():
         for relative in to_write:
             target = os.path.join(root, relative)
             ensure_directory(module, os.path.dirname(target), dir_mode, owner, group)
-            write_file(module, target, files[relative], owner, group, mode)
+            spec = files[relative]
+            write_file(module, target, spec.content, spec.owner, spec.group, spec.mode)
     # In check mode these only tell whether they would change something.
-    fixed = [relative for relative in to_check if set_attributes(module, os.path.join(root, relative), owner, group, mode)]
+    root_fixed = os.path.isdir(root) and set_attributes(module, root, owner, group, dir_mode)
+    fixed = [relative for relative in to_check
+             if set_attributes(module, os.path.join(root, relative), files[relative].owner, files[relative].group,
+                               files[relative].mode)]
     if not module.check_mode:
         for relative in to_remove:
             os.unlink(os.path.join(root, relative))
-    module.exit_json(changed=bool(to_write or fixed or to_remove), written=to_write, fixed=fixed, removed=to_remove)
+    module.exit_json(changed=bool(to_write or fixed or to_remove or root_fixed), written=to_write, fixed=fixed,
+                     removed=to_remove)
 
 
 if __name__ == "__main__":

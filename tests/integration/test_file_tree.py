@@ -91,3 +91,30 @@ def test_bad_input_names_the_field_and_changes_nothing(tmp_path):
     rc, result = ansible(tree(root, FILES, mode="rw-r--r--"), module="file_tree")
     assert rc != 0 and "mode: 'rw-r--r--' is not an octal mode" in result["msg"], result
     assert listing(root) == before and not os.path.exists(os.path.join(str(tmp_path), "escape.py"))
+
+
+def test_a_file_may_have_its_own_mode_and_group_and_the_root_gets_its_mode_back(tmp_path):
+    """An environment file holding a secret (0600) beside files anyone may read, in the same call; the
+    root directory's own mode, changed by hand, is put back (the configuration directory's task did)."""
+    root = str(tmp_path / "etc")
+    files = {"unit.env": {"content": base64.b64encode(b"KEY=1\n").decode(), "mode": "0600", "group": GROUP},
+             "unit.model-state": base64.b64encode(b"a 1 2\n").decode()}
+    args = json.dumps({"path": root, "files": files, "owner": OWNER, "group": GROUP})
+    rc, result = ansible(args, module="file_tree")
+    assert rc == 0 and result["written"] == ["unit.env", "unit.model-state"], result
+    modes = dict((path, entry[1]) for path, entry in listing(root).items())
+    assert modes == {"unit.env": 0o600, "unit.model-state": 0o644}
+
+    os.chmod(root, 0o700)
+    os.chmod(os.path.join(root, "unit.env"), 0o644)
+    rc, result = ansible(args, module="file_tree")
+    assert rc == 0 and result["changed"] and result["written"] == [] and result["fixed"] == ["unit.env"], result
+    assert stat.S_IMODE(os.stat(root).st_mode) == 0o755 and listing(root)["unit.env"][1] == 0o600
+
+    rc, result = ansible(args, module="file_tree")
+    assert rc == 0 and not result["changed"], result
+    bad = dict(files, **{"unit.env": {"content": files["unit.env"]["content"], "mode": 384}})
+    rc, result = ansible(json.dumps({"path": root, "files": bad}), module="file_tree")
+    assert rc != 0 and "files: the mode of unit.env: 384 must be an octal mode written as a string" in result["msg"], result
+    rc, result = ansible(json.dumps({"path": root, "files": {"unit.env": {"mode": "0600"}}}), module="file_tree")
+    assert rc != 0 and "files: unit.env takes content (base64)" in result["msg"], result
