@@ -62,6 +62,7 @@ options:
 author: modelwake contributors (@modelwake)
 notes:
   - Supports check mode, reporting what it would write, correct and remove.
+  - Supports diff mode - each file written or removed, as text, up to 100 KiB (as C(ansible.builtin.copy) shows).
 """
 
 EXAMPLES = r"""
@@ -100,6 +101,9 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelwake.serving.plugins.module_utils.common.atomic import replace_file
+
+# The largest file whose diff is shown, as Ansible's own copy and template (MAX_FILE_SIZE_FOR_DIFF).
+DIFF_MAX_BYTES = 104448
 
 ARGUMENT_SPEC = {
     "path": {"type": "path", "required": True},
@@ -161,6 +165,22 @@ def parse_mode(name, value):
     if not 0 <= mode <= 0o7777:
         raise ValueError("%s: %r is not a file mode (0000 to 7777)" % (name, value))
     return mode
+
+
+def file_diff(relative, before, after):
+    """Ansible's diff of one file (before or after None: absent), or None for a binary or large file."""
+    texts = []
+    for content in (before, after):
+        if content is None:
+            texts.append("")
+            continue
+        if len(content) > DIFF_MAX_BYTES:
+            return None
+        try:
+            texts.append(content.decode("utf-8"))
+        except UnicodeDecodeError:
+            return None
+    return {"before_header": relative, "after_header": relative, "before": texts[0], "after": texts[1]}
 
 
 def current_content(target):
@@ -229,6 +249,12 @@ def main():
 
     to_write, to_check, to_remove = plan(root, files, params["prune"])
     owner, group = params["owner"], params["group"]
+    diffs = []
+    if module._diff:
+        diffs = [file_diff(relative, current_content(os.path.join(root, relative)), files[relative].content)
+                 for relative in to_write]
+        diffs += [file_diff(relative, current_content(os.path.join(root, relative)), None) for relative in to_remove]
+        diffs = [diff for diff in diffs if diff is not None]
     if not module.check_mode:
         ensure_directory(module, root, dir_mode, owner, group)
         for relative in to_write:
@@ -244,8 +270,11 @@ def main():
     if not module.check_mode:
         for relative in to_remove:
             os.unlink(os.path.join(root, relative))
-    module.exit_json(changed=bool(to_write or fixed or to_remove or root_fixed), written=to_write, fixed=fixed,
-                     removed=to_remove)
+    result = dict(changed=bool(to_write or fixed or to_remove or root_fixed), written=to_write, fixed=fixed,
+                  removed=to_remove)
+    if diffs:
+        result["diff"] = diffs
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

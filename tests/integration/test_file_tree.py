@@ -7,8 +7,10 @@ import json
 import os
 import pwd
 import stat
+import subprocess
 
-from tests.integration.test_module_ansible import ansible
+from tests.helpers import ANSIBLE, ROOT
+from tests.integration.test_module_ansible import ENV, ansible
 
 OWNER = pwd.getpwuid(os.getuid()).pw_name
 GROUP = grp.getgrgid(os.getgid()).gr_name
@@ -118,3 +120,25 @@ def test_a_file_may_have_its_own_mode_and_group_and_the_root_gets_its_mode_back(
     assert rc != 0 and "files: the mode of unit.env: 384 must be an octal mode written as a string" in result["msg"], result
     rc, result = ansible(json.dumps({"path": root, "files": {"unit.env": {"mode": "0600"}}}), module="file_tree")
     assert rc != 0 and "files: unit.env takes content (base64)" in result["msg"], result
+
+
+def test_diff_mode_shows_each_text_file_written_or_removed(tmp_path):
+    """--diff shows what a template or copy would: the old and new text of each file written, the text
+    of each file pruned; a file whose content stays is not shown."""
+    root = str(tmp_path / "units")
+    first = {"a.service": b"[Service]\nExecStart=/bin/old\n", "b.py": b"KEEP = 1\n"}
+    assert ansible(tree(root, first), module="file_tree")[0] == 0
+    second = {"a.service": b"[Service]\nExecStart=/bin/new\n", "b.py": b"KEEP = 1\n"}
+    proc = subprocess.run([ANSIBLE, "localhost", "-c", "local", "-m", "file_tree", "--diff", "-a",
+                           tree(root, second, prune=["*.service", "*.py", "*.txt"])], cwd=ROOT, env=ENV,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout
+    assert "-ExecStart=/bin/old" in proc.stdout and "+ExecStart=/bin/new" in proc.stdout, proc.stdout
+    assert "KEEP = 1" not in proc.stdout, proc.stdout
+    with open(os.path.join(root, "gone.txt"), "w") as handle:
+        handle.write("stale line\n")
+    proc = subprocess.run([ANSIBLE, "localhost", "-c", "local", "-m", "file_tree", "--diff", "-a",
+                           tree(root, second, prune=["*.txt"])], cwd=ROOT, env=ENV,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=120)
+    assert proc.returncode == 0 and "-stale line" in proc.stdout, proc.stdout
+    assert not os.path.exists(os.path.join(root, "gone.txt"))
