@@ -686,6 +686,9 @@ def _inventory(path, group, addresses):
     return path
 
 
+RERUNS = 3
+
+
 def measure_rerun(work, guest="bench-rerun"):
     """deploy-k26.yml once on a fresh guest, then again on the now-ready host: wall time, changed, restarts."""
     result = {"status": "not measured", "guest": guest}
@@ -707,15 +710,23 @@ def measure_rerun(work, guest="bench-rerun"):
         # As on an operator's machines: the test caches of Ansible's module runs off, the guest's
         # (tools/zipimport_cache.py) and the controller's (tools/module_deps_cache.py).
         testhosts("ssh", guest, "rm -f /usr/local/lib/python3*/dist-packages/modelwake-zipimport-cache.pth", timeout=60)
-        start = time.monotonic()
-        again = _playbook(inventory, os.path.join(ROOT, "deploy-k26.yml"), guest, timeout=1200,
-                          env_extra={"MODELWAKE_MODULE_DEPS_CACHE": "off"})
-        wall = time.monotonic() - start
+        # The same re-run RERUNS times: one run on this machine varies by about 2 s either way; the
+        # figure is the median run's (its recap and task times too).
+        runs = []
+        for _ in range(RERUNS):
+            start = time.monotonic()
+            again = _playbook(inventory, os.path.join(ROOT, "deploy-k26.yml"), guest, timeout=1200,
+                              env_extra={"MODELWAKE_MODULE_DEPS_CACHE": "off"})
+            runs.append((time.monotonic() - start, again))
+            if again.rc != 0:
+                break
+        walls = [round(run_wall, 1) for run_wall, _run in runs]
+        wall, again = sorted(runs, key=lambda run: run[0])[len(runs) // 2] if again.rc == 0 else runs[-1]
         after = _unit_state(guest, "sglang-k26.service")
         recap = again.recap.get(guest, {})
         ran = [t for t in again.task_times if not t["skipped"]]
         result.update(status="measured" if again.rc == 0 else "failed", rc=again.rc,
-                      wall_s=round(wall, 1), changed=recap.get("changed"), recap=recap,
+                      wall_s=round(wall, 1), walls_s=walls, changed=recap.get("changed"), recap=recap,
                       tasks=len(again.task_times), tasks_run=len(ran),
                       task_seconds=round(sum(t["seconds"] for t in again.task_times), 1),
                       slowest_tasks=sorted(ran, key=lambda t: -t["seconds"])[:12],

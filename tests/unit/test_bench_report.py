@@ -98,7 +98,8 @@ def test_fan_out_and_a_measured_rerun():
     data = results()
     data["fanout"] = {"status": "measured", "levels": [{"hosts": 1, "wall_s": 20.0, "rc": 0, "failed": 0},
                                                        {"hosts": 4, "wall_s": 30.0, "rc": 0, "failed": 0}]}
-    data["rerun"] = {"status": "measured", "guest": "bench-rerun", "wall_s": 15.5, "changed": 0, "restarts": 0,
+    data["rerun"] = {"status": "measured", "guest": "bench-rerun", "wall_s": 15.5, "walls_s": [16.9, 15.5, 14.8],
+                     "changed": 0, "restarts": 0,
                      "recap": {"ok": 40, "changed": 0}, "same_invocation": True, "tasks": 136, "tasks_run": 88,
                      "task_seconds": 14.2,
                      "slowest_tasks": [{"seconds": 0.79, "task": "Wait until the model answers, sglang-k26",
@@ -106,6 +107,7 @@ def test_fan_out_and_a_measured_rerun():
     text = report.render(data, {})
     assert "| 1 | 20.0 | 1.00× | 0 |" in text and "| 4 | 30.0 | 1.50× | 0 |" in text
     assert "| re-run on a ready host under 15 s with changed=0, no restart | **missed** | 15.5 s, changed=0, restarts 0 |" in text
+    assert "deployed once, then again 3 times: 15.5 s (the median of 16.9, 15.5, 14.8 s)" in text
     assert "136 tasks (88 run, the rest skipped), 14.2 s in tasks; the slowest:" in text
     assert "| 0.79 | Wait until the model answers, sglang-k26 | modelwake.serving.wait_for_model_ready |" in text
 
