@@ -185,6 +185,22 @@ def test_vllms_health_503_fails_the_wait():
     assert verdict.phase == "failed" and verdict.rule == "vllm_engine_dead"
 
 
+def test_vllms_health_503_names_the_exception_its_core_died_of():
+    # The core's crash written just before the wait's first look (a loaded machine starts the module late):
+    # the log's context, which the fatal-line rule leaves to a new run's start line; the 503 says the
+    # core is dead now, and its message names what it died of.
+    trace = Trace()
+    crash = ["(EngineCore_DP0 pid=7) ERROR EngineCore encountered a fatal error.",
+             "(EngineCore_DP0 pid=7) Traceback (most recent call last):",
+             "(EngineCore_DP0 pid=7) RuntimeError: CUDA error: an illegal memory access was encountered"]
+    seen = replay(config(engine="vllm"), [trace.step(0, context=["(APIServer pid=1) INFO Starting vLLM API server"] + crash,
+                                                     http_result=http(503))])
+    verdict = seen[-1][1]
+    assert verdict.phase == "failed" and verdict.rule == "vllm_engine_dead", verdict
+    assert verdict.msg.startswith("failed: vLLM's /health answers 503: its engine core is dead: "), verdict.msg
+    assert "RuntimeError: CUDA error: an illegal memory access was encountered" in verdict.msg, verdict.msg
+
+
 def test_an_sglang_health_503_while_it_warms_up_is_no_failure():
     # SGLang answers 503 until its warm-up request ends (ServerStatus.Starting): not a dead engine.
     trace = Trace()

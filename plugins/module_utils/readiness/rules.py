@@ -249,7 +249,11 @@ def peer_left(look):
 
 def vllm_engine_dead(look):
     if look.state.engine == "vllm" and look.snap.http is not None and look.snap.http.status("health") == 503:
-        return look.failed("failed: vLLM's /health answers 503: its engine core is dead")
+        # The exception the core died of, when the log has one: also a fatal line written just before the
+        # wait's first look, which the fatal-line rule leaves to a new run's start line for a while.
+        evidence = wording.crash_evidence(look.state)
+        cause = ": %s" % evidence[0].strip()[:300] if evidence and engines.EXCEPTION_LINE.search(evidence[0]) else ""
+        return look.failed("failed: vLLM's /health answers 503: its engine core is dead%s" % cause, evidence=evidence)
     return None
 
 
@@ -379,8 +383,9 @@ FAILURE_RULES = (
           LIVE + "test_rule_controls.py::test_extra_connections_to_the_dist_init_port_coming_and_going_end_ready"),
          peer_left),
     Rule("vllm_engine_dead", FAILED, "vLLM: /health answers 503 (its engine core is dead)",
-         "failed: vLLM's /health answers 503: its engine core is dead",
-         (UNIT + "test_rules.py::test_vllms_health_503_fails_the_wait",),
+         "failed: vLLM's /health answers 503: its engine core is dead[: <the exception in its log>]",
+         (UNIT + "test_rules.py::test_vllms_health_503_fails_the_wait",
+          UNIT + "test_rules.py::test_vllms_health_503_names_the_exception_its_core_died_of"),
          (UNIT + "test_rules.py::test_an_sglang_health_503_while_it_warms_up_is_no_failure",
           LIVE + "test_rule_controls.py::test_sglangs_health_503_while_it_warms_up_ends_ready"),
          vllm_engine_dead),
