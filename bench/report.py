@@ -109,9 +109,14 @@ def targets(results):
     rows.extend(_disk_targets(results.get("disk")))
     rerun = results.get("rerun") or {}
     if rerun.get("status") == "measured":
-        ok = rerun["wall_s"] < 15 and rerun["changed"] == 0 and rerun["restarts"] == 0
+        # The README's command (ansible-playbook) when measured; ansible-runner's run of it beside.
+        cli = rerun.get("cli_wall_s")
+        wall = cli if cli is not None else rerun["wall_s"]
+        ok = wall < 15 and rerun["changed"] == 0 and rerun["restarts"] == 0
         rows.append(("re-run on a ready host under 15 s with changed=0, no restart", ok,
-                     "%.1f s, changed=%s, restarts %s" % (rerun["wall_s"], rerun["changed"], rerun["restarts"])))
+                     "%.1f s%s, changed=%s, restarts %s" % (
+                         wall, " by ansible-playbook (%.1f s through ansible-runner)" % rerun["wall_s"] if cli is not None else "",
+                         rerun["changed"], rerun["restarts"])))
     else:
         rows.append(("re-run on a ready host under 15 s with changed=0, no restart", None,
                      "not measured: %s" % (rerun.get("why") or "step not run").strip().splitlines()[-1][:160]))
@@ -234,10 +239,14 @@ def render(results, pictures):
     lines += ["## deploy-k26.yml on an already-ready host", ""]
     if rerun.get("status") == "measured":
         walls = rerun.get("walls_s") or [rerun["wall_s"]]
-        lines += ["Test host `%s` (systemd-nspawn guest), deployed once, then again %d times: %.1f s (the median of %s s), "
-                  "recap %s, NRestarts +%d, same InvocationID: %s." % (
+        lines += ["Test host `%s` (systemd-nspawn guest), deployed once, then again %d times through ansible-runner: "
+                  "%.1f s (the median of %s s), recap %s, NRestarts +%d, same InvocationID: %s." % (
                       rerun["guest"], len(walls), rerun["wall_s"], ", ".join("%.1f" % wall for wall in walls),
                       rerun["recap"], rerun["restarts"], rerun["same_invocation"]), ""]
+        if rerun.get("cli_walls_s"):
+            lines += ["Then %d times by `ansible-playbook deploy-k26.yml` itself, as the README runs it: %.1f s (the median "
+                      "of %s s)." % (len(rerun["cli_walls_s"]), rerun["cli_wall_s"],
+                                     ", ".join("%.1f" % wall for wall in rerun["cli_walls_s"])), ""]
         if rerun.get("slowest_tasks"):
             # Ansible's task profiling, from the run's own events: where the next added check shows its cost.
             lines += ["%d tasks (%d run, the rest skipped), %.1f s in tasks; the slowest:" % (
