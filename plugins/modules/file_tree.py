@@ -192,13 +192,16 @@ def current_content(target):
 
 
 def plan(root, files, prune):
-    """What to do: (to_write, to_check, to_remove) as sorted relative paths. to_check: content already there."""
-    to_write, to_check = [], []
+    """What to do: (to_write, to_check, to_remove) as sorted relative paths, and {relative path: the bytes
+    there now, or None} for each file to write (its diff's before). to_check: content already there."""
+    to_write, to_check, before = [], [], {}
     for relative, spec in sorted(files.items()):
-        if current_content(os.path.join(root, relative)) == spec.content:
+        current = current_content(os.path.join(root, relative))
+        if current == spec.content:
             to_check.append(relative)
         else:
             to_write.append(relative)
+            before[relative] = current
     to_remove = []
     if prune and os.path.isdir(root):
         for directory, _dirs, names in os.walk(root):
@@ -206,7 +209,7 @@ def plan(root, files, prune):
                 relative = os.path.relpath(os.path.join(directory, name), root)
                 if relative not in files and any(fnmatch.fnmatch(relative, pattern) for pattern in prune):
                     to_remove.append(relative)
-    return to_write, to_check, sorted(to_remove)
+    return to_write, to_check, sorted(to_remove), before
 
 
 def ensure_directory(module, directory, dir_mode, owner, group):
@@ -247,12 +250,11 @@ def main():
     if os.path.exists(root) and not os.path.isdir(root):
         module.fail_json(msg="path: %s exists and is not a directory" % root)
 
-    to_write, to_check, to_remove = plan(root, files, params["prune"])
+    to_write, to_check, to_remove, before = plan(root, files, params["prune"])
     owner, group = params["owner"], params["group"]
     diffs = []
     if module._diff:
-        diffs = [file_diff(relative, current_content(os.path.join(root, relative)), files[relative].content)
-                 for relative in to_write]
+        diffs = [file_diff(relative, before[relative], files[relative].content) for relative in to_write]
         diffs += [file_diff(relative, current_content(os.path.join(root, relative)), None) for relative in to_remove]
         diffs = [diff for diff in diffs if diff is not None]
     if not module.check_mode:
