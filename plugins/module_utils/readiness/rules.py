@@ -192,16 +192,21 @@ def unit_ended(look):
     return None
 
 
+def _exception_note(evidence):
+    """`: <the exception>` when the crash evidence starts with one: what a server died of belongs in the
+    message, not only in the evidence."""
+    return ": %s" % evidence[0].strip()[:300] if evidence and engines.EXCEPTION_LINE.search(evidence[0]) else ""
+
+
 def process_exited(look):
     """Pid mode: the watched process is gone."""
     if look.config.unit or look.alive:
         return None
     pid = look.proc.root_pid or look.config.pid
     evidence = wording.crash_evidence(look.state)
-    # The exception it died of belongs in the message, not only in the evidence.
-    cause = ": %s" % evidence[0].strip()[:300] if evidence and engines.EXCEPTION_LINE.search(evidence[0]) else ""
     return look.failed("failed: process %s exited %s into the wait, in phase %s%s%s"
-                       % (pid, wording.secs(look.t), look.state.phase or STARTING, cause, _port_note(look)),
+                       % (pid, wording.secs(look.t), look.state.phase or STARTING, _exception_note(evidence),
+                          _port_note(look)),
                        evidence=evidence)
 
 
@@ -252,8 +257,8 @@ def vllm_engine_dead(look):
         # The exception the core died of, when the log has one: also a fatal line written just before the
         # wait's first look, which the fatal-line rule leaves to a new run's start line for a while.
         evidence = wording.crash_evidence(look.state)
-        cause = ": %s" % evidence[0].strip()[:300] if evidence and engines.EXCEPTION_LINE.search(evidence[0]) else ""
-        return look.failed("failed: vLLM's /health answers 503: its engine core is dead%s" % cause, evidence=evidence)
+        return look.failed("failed: vLLM's /health answers 503: its engine core is dead%s" % _exception_note(evidence),
+                           evidence=evidence)
     return None
 
 
