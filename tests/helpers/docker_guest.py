@@ -22,9 +22,8 @@ import os
 import subprocess
 import tarfile
 
-from tests.helpers.guesthost import guest_sh
-from tests.helpers.paths import TESTHOSTS
-from tests.helpers.podman_guest import BROKEN_MAIN, CACHE, Locked, _testhosts, install_debs, push_files, sim_tar
+from tests.helpers.guesthost import guest_sh, guest_ssh, testhosts_tool
+from tests.helpers.podman_guest import BROKEN_MAIN, CACHE, Locked, install_debs, push_files, sim_tar
 
 PACKAGES = ["docker.io", "tini"]
 # Bump when the image's recipe changes, so an archive built the old way is not reused.
@@ -72,7 +71,7 @@ def image_tar(path):
     """Write the image's one layer to `path`: the test hosts' root filesystem without what the simulated engine
     never reads (its Python's standard library and shared libraries stay), plus the engine in the site
     directory. One slim layer keeps the archive and its load short."""
-    tool = _testhosts()
+    tool = testhosts_tool()
     tar_bytes, _digest = sim_tar()
     with tarfile.open(tool.build(), "r:gz") as rootfs, tarfile.open(path, "w") as out:
         for member in rootfs:
@@ -88,7 +87,7 @@ def sim_image(guest):
     """(the image archive on this machine, gzipped `docker save`, and its ID sha256:<hex>): built on `guest`
     (Docker installed) the first time, then reused; the guest's storage is left without it, for the deploy
     to load."""
-    tool = _testhosts()
+    tool = testhosts_tool()
     _tar_bytes, sim_digest = sim_tar()
     key = hashlib.sha256(("%s %s %s" % (IMAGE_RECIPE, tool.rootfs_id(), sim_digest)).encode()).hexdigest()[:16]
     archive = os.path.join(CACHE, "sim-image-%s.docker.tar.gz" % key)
@@ -105,7 +104,7 @@ def sim_image(guest):
             image_id = guest_sh(guest, "docker image inspect --format '{{.Id}}' %s:%s" % (IMAGE_NAME, key))
             guest_sh(guest, "docker save %s:%s | gzip -1 > %s/image.tar.gz" % (IMAGE_NAME, key, work), timeout=600)
             with open(archive + ".tmp", "wb") as out:
-                subprocess.run([TESTHOSTS, "ssh", guest, "cat %s/image.tar.gz" % work], stdout=out, check=True,
+                subprocess.run(guest_ssh(guest, "cat %s/image.tar.gz" % work), stdout=out, check=True,
                                timeout=600)
             os.rename(archive + ".tmp", archive)
             with open(id_file, "w") as handle:

@@ -16,8 +16,6 @@ in the unit's own cgroup, as --cgroups=split keeps them in sub-cgroups of it on 
 """
 import fcntl
 import hashlib
-import importlib.machinery
-import importlib.util
 import io
 import os
 import shutil
@@ -25,8 +23,8 @@ import subprocess
 import tarfile
 import zipfile
 
-from tests.helpers.guesthost import guest_sh
-from tests.helpers.paths import SIM_WHEELS, TESTHOSTS
+from tests.helpers.guesthost import guest_sh, guest_ssh, testhosts_tool
+from tests.helpers.paths import SIM_WHEELS
 
 CACHE = os.path.join(os.environ.get("MODELWAKE_CACHE") or os.path.expanduser("~/.cache/modelwake"), "podman")
 # Podman's packages and the container's init (catatonit, for --init: it passes the stop on to the engine).
@@ -38,15 +36,6 @@ SITE = "/usr/local/lib/python3.11/dist-packages/"
 CONTAINERFILE = "FROM localhost/modelwake-testhost-base\nADD sim.tar %s\n" % SITE
 STORAGE_CONF = '[storage]\ndriver = "overlay"\nrunroot = "/run/containers/storage"\ngraphroot = "/var/lib/containers/storage"\n'
 CONTAINERS_CONF = "[containers]\nkeyring = false\n"
-
-
-def _testhosts():
-    """tools/testhosts as a module: its root filesystem's id and cache directory, as the guests use them."""
-    loader = importlib.machinery.SourceFileLoader("testhosts_tool", TESTHOSTS)
-    spec = importlib.util.spec_from_loader("testhosts_tool", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
 
 
 class Locked(object):
@@ -72,7 +61,7 @@ def podman_debs():
 def guest_debs(packages):
     """The directory of the .deb files that `packages` add to a test host (downloaded once, cached by the
     guests' root filesystem and the package list)."""
-    tool = _testhosts()
+    tool = testhosts_tool()
     lower = os.path.join(tool.CACHE, tool.rootfs_id())
     debs = os.path.join(CACHE, "debs-%s-%s" % (tool.rootfs_id(), hashlib.sha256(" ".join(packages).encode()).hexdigest()[:8]))
     with Locked(debs):
@@ -148,7 +137,7 @@ def sim_tar():
 def sim_image(guest):
     """(the image archive on this machine, its ID sha256:<hex>): built on `guest` (Podman installed) the
     first time, then reused; the guest's storage is left without it, for the deploy to load."""
-    tool = _testhosts()
+    tool = testhosts_tool()
     tar_bytes, sim_digest = sim_tar()
     key = hashlib.sha256(("%s %s %s" % (IMAGE_RECIPE, tool.rootfs_id(), sim_digest)).encode()).hexdigest()[:16]
     archive = os.path.join(CACHE, "sim-image-%s.oci.tar" % key)
@@ -168,7 +157,7 @@ def sim_image(guest):
             guest_sh(guest, "podman save --quiet --format oci-archive -o %s/image.tar %s:%s" % (work, IMAGE_NAME, key),
                      timeout=600)
             with open(archive + ".tmp", "wb") as out:
-                subprocess.run([TESTHOSTS, "ssh", guest, "cat %s/image.tar" % work], stdout=out, check=True, timeout=600)
+                subprocess.run(guest_ssh(guest, "cat %s/image.tar" % work), stdout=out, check=True, timeout=600)
             os.rename(archive + ".tmp", archive)
             with open(id_file, "w") as handle:
                 handle.write(image_id + "\n")

@@ -16,8 +16,8 @@ nothing. Each step's time goes into `timings`.
 import os
 import time
 
-from tests.helpers.guesthost import guest_sh
-from tests.helpers.podman_guest import _testhosts, push_files
+from tests.helpers.guesthost import guest_sh, testhosts_tool
+from tests.helpers.podman_guest import push_files
 
 IMAGE = "localhost/modelwake-vllm-cpu"
 LIBNUMA = ["usr/lib/x86_64-linux-gnu/libnuma.so.1", "usr/lib/x86_64-linux-gnu/libnuma.so.1.0.0"]
@@ -34,7 +34,7 @@ def build_vllm_image(guest, venv, timings):
         timings["image: " + label] = round(time.monotonic() - mark, 1)
         return out
 
-    rootfs = _testhosts().build()
+    rootfs = testhosts_tool().build()
     mark = time.monotonic()
     push_files(guest, WORK, [rootfs])
     timings["image: root filesystem to the guest"] = round(time.monotonic() - mark, 1)

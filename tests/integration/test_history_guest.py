@@ -22,8 +22,8 @@ import time
 import pytest
 
 from modelwake_runner.cli import run_playbook
-from tests.helpers import TESTHOSTS, until
-from tests.helpers.guesthost import PlayOutput, guest_vars, host_tool
+from tests.helpers import until
+from tests.helpers.guesthost import PlayOutput, guest_ssh, guest_vars, host_tool
 
 GUEST = "mwh-%d" % (os.getpid() % 100000)
 UNIT = "sglang-hist"
@@ -42,7 +42,7 @@ pytestmark = [
 
 
 def sh(command, check=True, timeout=180):
-    proc = subprocess.run([TESTHOSTS, "ssh", GUEST, command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.run(guest_ssh(GUEST, command), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError("%s failed on the guest: %s %s" % (command, proc.stdout, proc.stderr))

@@ -23,8 +23,7 @@ import pytest
 
 from tests.helpers.container_guest import FAST, OOM, ContainerGuest, play
 from tests.helpers import realwheels
-from tests.helpers.guesthost import guest_sh, host_tool, verdict_msg, verdicts
-from tests.helpers.paths import TESTHOSTS
+from tests.helpers.guesthost import guest_sh, guest_ssh, host_tool, verdict_msg, verdicts
 from tests.helpers.podman_guest import broken_image, install_podman, sim_image
 
 VM = ContainerGuest("mwp-%d" % (os.getpid() % 100000), "pod", "sglang-pod", "podman", port=30011)
@@ -224,7 +223,7 @@ def ct_image(base_id, timings):
     on_guest("mkdir -p %s" % work)
     with subprocess.Popen(["tar", "-C", os.path.dirname(template), "-cf", "-", os.path.basename(template)],
                           stdout=subprocess.PIPE) as tar:
-        subprocess.run([TESTHOSTS, "ssh", GUEST, "tar -x -C %s" % work], stdin=tar.stdout, check=True, timeout=600)
+        subprocess.run(guest_ssh(GUEST, "tar -x -C %s" % work), stdin=tar.stdout, check=True, timeout=600)
     timings["push the torch venv"] = round(time.monotonic() - mark, 1)
     mark = time.monotonic()
     root = on_guest("podman image mount %s" % base_id)

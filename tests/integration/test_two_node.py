@@ -24,8 +24,8 @@ import time
 import pytest
 
 from modelwake_runner.cli import run_playbook
-from tests.helpers import ROOT, until
-from tests.helpers.guesthost import PlayOutput, Timed, guest_vars, host_tool, verdicts
+from tests.helpers import until
+from tests.helpers.guesthost import PlayOutput, Timed, guest_ssh, guest_vars, host_tool, verdicts
 
 GROUP = "sim_pair"
 NODES = ["pair-node0", "pair-node1"]
@@ -84,7 +84,7 @@ class Pair(object):
             host_tool("down", guest, check=False)
 
     def sh(self, node, command, check=True):
-        proc = subprocess.run([os.path.join(ROOT, "tools", "testhosts"), "ssh", self.guests[node], command],
+        proc = subprocess.run(guest_ssh(self.guests[node], command),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
         out = proc.stdout.decode("utf-8", "replace").strip()
         if check and proc.returncode != 0:
