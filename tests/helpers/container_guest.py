@@ -11,7 +11,7 @@ import time
 
 from modelwake_runner.cli import run_playbook
 from tests.helpers import ROOT
-from tests.helpers.guesthost import PlayOutput, guest_sh, guest_vars, host_tool
+from tests.helpers.guesthost import PlayOutput, guest_sh, guest_vars, host_tool, journal_with
 from tests.helpers.paths import ANSIBLE
 
 # A load of a few seconds (64 MiB at 16 MiB/s), so that several looks see it.
@@ -81,8 +81,9 @@ class ContainerGuest(object):
         assert states[-1] == "active" and set(states[:-1]) == {"activating"}, said
         assert [text for active, text in seen if active == "activating" and text.startswith("loading")], said
         assert seen[-1][1].startswith("ready in "), said
-        journal = self.sh("journalctl -u %s -o cat --since=-5min" % self.unit)
-        assert re.search(r"^modelwake: ready in .*a completion .* answered", journal, re.M), journal[-3000:]
+        ready = r"^modelwake: ready in .*a completion .* answered"
+        journal = journal_with(ready, lambda: self.sh("journalctl -u %s -o cat --since=-5min" % self.unit))
+        assert re.search(ready, journal, re.M), journal[-3000:]
         assert "held by another process" not in journal
         assert "load" in journal.lower(), journal[-3000:]
         assert self.containers() == [self.container] and self.container_id() != old_container

@@ -11,6 +11,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -113,6 +114,19 @@ def report(output, unit):
     assert waits, output[-3000:]
     followed = [v for v in waits if v.get("task") == RESTART_WAIT] or waits
     return followed[-1]["elapsed"], [phase["phase"] for phase in followed[-1]["phases"]]
+
+
+def journal_with(pattern, read, timeout=30):
+    """A journal as `read()` returns it, once `pattern` is in it (at `timeout` as it is then, for the test's
+    assertion to show): journald takes a unit's output from its stream in its own time, so a line the
+    launcher wrote just before the state a test saw (its STATUS=, READY=1, or the wait's verdict that
+    ended the play) can reach the journal a moment after that state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        journal = read()
+        if re.search(pattern, journal, re.M) or time.monotonic() >= deadline:
+            return journal
+        time.sleep(0.5)
 
 
 def guest_sh(name, command, check=True, timeout=120, stdin=None):

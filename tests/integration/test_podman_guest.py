@@ -23,7 +23,7 @@ import pytest
 
 from tests.helpers.container_guest import FAST, OOM, ContainerGuest, play
 from tests.helpers import realwheels
-from tests.helpers.guesthost import guest_sh, guest_ssh, host_tool, verdict_msg, verdicts
+from tests.helpers.guesthost import guest_sh, guest_ssh, host_tool, journal_with, verdict_msg, verdicts
 from tests.helpers.podman_guest import broken_image, install_podman, sim_image
 
 VM = ContainerGuest("mwp-%d" % (os.getpid() % 100000), "pod", "sglang-pod", "podman", port=30011)
@@ -153,11 +153,12 @@ def test_a_hang_in_the_container_is_stalled_with_the_ranks_stacks(guest):
     rc, out = play(guest, "deploy-k26.yml", {"modelwake_models": {"pod": hanging}, "model_service_crash_loop_starts": 0})
     said = [v.get("msg") or "" for v in verdicts(out) if v["phase"] in ("failed", "stalled")]
     assert rc != 0 and said and "stalled" in said[-1], out[-5000:]
-    journal = journal_since(cursor)
     # The launcher declared the stall after stall_timeout, with where the rank is: py-spy, run from the host's
     # venv, read the container's engine by its host PID.
+    stacks = r"the ranks' stacks: TP0 in hang \(modelwake_sim/ranks\.py:\d+\)"
+    journal = journal_with(stacks, lambda: journal_since(cursor))
     assert re.search(r"stalled: no progress for \d+ s in phase loading", journal), journal[-4000:]
-    assert re.search(r"the ranks' stacks: TP0 in hang \(modelwake_sim/ranks\.py:\d+\)", journal), journal[-4000:]
+    assert re.search(stacks, journal), journal[-4000:]
     assert "stacks unavailable" not in journal, journal[-4000:]
     # The operator's own look, ad hoc, without a py-spy path: the engine runs a bare `python3` in the
     # container, and py-spy is found beside the unit's launcher (the host's venv). A start of its own (the

@@ -37,7 +37,7 @@ import pytest
 import yaml
 
 from tests.helpers import ROOT, until
-from tests.helpers.guesthost import RESTART_WAIT, GuestHost, Timed, report, verdict_msg, verdicts
+from tests.helpers.guesthost import RESTART_WAIT, GuestHost, Timed, journal_with, report, verdict_msg, verdicts
 from tests.helpers.podman_guest import install_podman
 from tests.helpers.vllm_image import build_vllm_image
 from tools import vllm_cpu
@@ -165,7 +165,8 @@ def test_first_deploy_installs_offline_and_answers(guest):
     assert (launched["Type"], launched["ActiveState"]) == ("notify", "active"), launched
     assert re.match(r"ready in [\dhms]+$", launched["StatusText"]), launched
     start = int(on_guest("systemctl show %s -p ExecMainStartTimestampMonotonic --value" % UNIT)) / 1e6
-    journal = on_guest("journalctl _SYSTEMD_INVOCATION_ID=%s -o short-monotonic --no-pager" % state["InvocationID"])
+    journal = journal_with(r"modelwake: ready in ", lambda: on_guest(
+        "journalctl _SYSTEMD_INVOCATION_ID=%s -o short-monotonic --no-pager" % state["InvocationID"]))
     lines = []
     for line in journal.splitlines():
         match = re.match(r"^\[\s*([\d.]+)\] \S+ \S+: (.*)$", line)
