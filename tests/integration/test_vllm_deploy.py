@@ -436,7 +436,8 @@ def test_the_same_vllm_in_a_podman_image_is_activating_until_a_completion_and_it
     TIMINGS["podman: phases the wait saw"] = " -> ".join(phases)
 
     # vLLM's own lines (through podman's attached output and the launcher) in this start's journal.
-    journal = on_guest("journalctl _SYSTEMD_INVOCATION_ID=%s -o short-monotonic --no-pager" % state["InvocationID"])
+    journal = journal_with(r"modelwake: ready in ", lambda: on_guest(
+        "journalctl _SYSTEMD_INVOCATION_ID=%s -o short-monotonic --no-pager" % state["InvocationID"]))
     # (Before vLLM's first line: podman's creation of the container, an overlay mount of the image.)
     start = int(VM.show(UNIT, "ExecMainStartTimestampMonotonic")["ExecMainStartTimestampMonotonic"]) / 1e6
     first = re.search(r"^\[\s*([\d.]+)\] .* INFO \d\d-\d\d ", journal, re.M)
