@@ -19,6 +19,7 @@ import time
 
 from modelwake_runner.cli import run_playbook
 from tests.helpers.paths import ANSIBLE, ROOT, SIM_WHEELS, TESTHOSTS
+from tests.helpers.waiting import poll
 
 
 @functools.lru_cache(maxsize=None)
@@ -121,12 +122,14 @@ def journal_with(pattern, read, timeout=30):
     assertion to show): journald takes a unit's output from its stream in its own time, so a line the
     launcher wrote just before the state a test saw (its STATUS=, READY=1, or the wait's verdict that
     ended the play) can reach the journal a moment after that state."""
-    deadline = time.monotonic() + timeout
-    while True:
-        journal = read()
-        if re.search(pattern, journal, re.M) or time.monotonic() >= deadline:
-            return journal
-        time.sleep(0.5)
+    last = [""]
+
+    def has_it():
+        last[0] = read()
+        return re.search(pattern, last[0], re.M)
+
+    poll(has_it, timeout, interval=0.5)
+    return last[0]
 
 
 def guest_sh(name, command, check=True, timeout=120, stdin=None):
@@ -137,8 +140,8 @@ def guest_sh(name, command, check=True, timeout=120, stdin=None):
                           stderr=subprocess.PIPE, timeout=timeout)
     out = proc.stdout.decode("utf-8", "replace").strip()
     if check and proc.returncode != 0:
-        raise AssertionError("%s failed on the guest (rc %d): %s %s"
-                             % (command, proc.returncode, out, proc.stderr.decode("utf-8", "replace")))
+        raise AssertionError("%s failed on the guest %s (rc %d): %s %s"
+                             % (command, name, proc.returncode, out, proc.stderr.decode("utf-8", "replace")))
     return out
 
 

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 import time
 
@@ -23,7 +22,7 @@ import pytest
 
 from modelwake_runner.cli import run_playbook
 from tests.helpers import until
-from tests.helpers.guesthost import PlayOutput, guest_ssh, guest_vars, host_tool
+from tests.helpers.guesthost import PlayOutput, guest_sh, guest_vars, host_tool
 
 GUEST = "mwh-%d" % (os.getpid() % 100000)
 UNIT = "sglang-hist"
@@ -42,11 +41,7 @@ pytestmark = [
 
 
 def sh(command, check=True, timeout=180):
-    proc = subprocess.run(guest_ssh(GUEST, command), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError("%s failed on the guest: %s %s" % (command, proc.stdout, proc.stderr))
-    return proc.stdout.strip()
+    return guest_sh(GUEST, command, check=check, timeout=timeout)
 
 
 def records():

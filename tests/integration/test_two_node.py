@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -25,7 +24,7 @@ import pytest
 
 from modelwake_runner.cli import run_playbook
 from tests.helpers import until
-from tests.helpers.guesthost import PlayOutput, Timed, guest_ssh, guest_vars, host_tool, verdicts
+from tests.helpers.guesthost import PlayOutput, Timed, guest_sh, guest_vars, host_tool, verdicts
 
 GROUP = "sim_pair"
 NODES = ["pair-node0", "pair-node1"]
@@ -84,12 +83,7 @@ class Pair(object):
             host_tool("down", guest, check=False)
 
     def sh(self, node, command, check=True):
-        proc = subprocess.run(guest_ssh(self.guests[node], command),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
-        out = proc.stdout.decode("utf-8", "replace").strip()
-        if check and proc.returncode != 0:
-            raise AssertionError("%s failed on %s: %s %s" % (command, node, out, proc.stderr.decode()))
-        return out
+        return guest_sh(self.guests[node], command, check=check)
 
     def unit_state(self, node):
         out = self.sh(node, "systemctl show %s -p InvocationID -p NRestarts -p ActiveState -p MainPID "
