@@ -1,7 +1,7 @@
 """`make bench`'s containers step: the time a container start adds (issue #33).
 
 One systemd test host (tools/testhosts) with both Podman and Docker from Debian's packages
-(tests/helpers/podman_guest.py, docker_guest.py) serves the same simulated engine three ways, one catalog
+(tools/guest_runtime.py) serves the same simulated engine three ways, one catalog
 entry each with the same model size and the same simulator arguments, own unit and port: the venv unit,
 `runtime: podman` and `runtime: docker`, deployed by deploy-k26.yml one entry after the other (each image
 loaded from its archive by inference_env, as on an air-gapped host). Then bench/container_probe.py, on the
@@ -29,8 +29,9 @@ import time
 
 from bench import disk
 from modelwake_runner.cli import run_playbook
-from tests.helpers import container_guest, docker_guest, podman_guest
+from tests.helpers import container_guest
 from tests.helpers.guesthost import guest_sh, guest_vars, host_tool
+from tools import guest_runtime
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GUEST = "bench-ctr"
@@ -131,7 +132,8 @@ def _write_inventory(path, guest, images):
     for runtime in RUNTIMES:
         item = entry(runtime)
         if runtime in images:
-            item.update(image_id=images[runtime]["id"], image_archive=images[runtime]["archive"])
+            item.update(image_id=images[runtime]["id"], image_archive=images[runtime]["archive"],
+                        container_command=container_guest.SIM_CONTAINER_COMMAND)
         models[ENTRIES[runtime][0]] = item
     variables = dict(guest_vars(host_tool("key")), **{
         "modelwake_host_models": [ENTRIES[runtime][0] for runtime in RUNTIMES], "modelwake_models": models,
@@ -140,9 +142,7 @@ def _write_inventory(path, guest, images):
         # Every round starts each unit again: more starts than the usual crash-loop limit (5 in 600 s) allows.
         "model_service_start_limit_burst": 100,
         # The guests' cgroup v1 controllers are read-only: Podman keeps the container in the unit's own cgroup.
-        "model_service_container_cgroups": "disabled",
-        "model_service_container_command": "{{ ['python3', '-m', 'modelwake_sim', 'serve', '--engine', "
-                                           "model_service_engine] }}"})
+        "model_service_container_cgroups": "disabled"})
     with open(path, "w") as handle:
         json.dump({"all": {"children": {"model_hosts": {"hosts": {guest: {"ansible_host": host_tool("addr", guest)}}}},
                            "vars": variables}}, handle)
@@ -160,8 +160,8 @@ def measure(work, rounds=ROUNDS, guest=GUEST):
     try:
         host_tool("up", guest)
         mark = time.monotonic()
-        podman_guest.install_podman(guest)
-        docker_guest.install_docker(guest)
+        guest_runtime.install_podman(guest)
+        guest_runtime.install_docker(guest)
         timings["install podman and docker"] = round(time.monotonic() - mark, 1)
         result["versions"] = {"podman": guest_sh(guest, "podman --version"),
                               "docker": guest_sh(guest, "docker version --format '{{.Server.Version}}'"),
@@ -174,9 +174,9 @@ def measure(work, rounds=ROUNDS, guest=GUEST):
             result["why"] = "playbooks/demo-model.yml failed: %s" % _tail(text)
             return result
         images = {}
-        for runtime, helper in (("podman", podman_guest), ("docker", docker_guest)):
+        for runtime in ("podman", "docker"):
             mark = time.monotonic()
-            archive, image_id = helper.sim_image(guest)
+            archive, image_id = guest_runtime.sim_image(guest, runtime)
             timings["%s image (built or cached)" % runtime] = round(time.monotonic() - mark, 1)
             images[runtime] = {"archive": archive, "id": image_id, "archive_bytes": os.path.getsize(archive)}
         _write_inventory(inventory, guest, images)

@@ -78,6 +78,7 @@ CATALOG = {
     "image": {"type": "str"},
     "image_id": {"type": "str"},
     "image_archive": {"type": "str"},
+    "container_command": {"type": "list", "elements": "str"},
     # How the weights are read (docs/operating.md, "Prefetch and the engines' loaders").
     "prefetch": {"type": "str", "choices": ["auto", "on", "off"]},
     "load_format": {"type": "str"},

@@ -18,6 +18,8 @@ from tests.helpers.paths import ANSIBLE
 FAST = ["--disable-cuda-graph", "--load-rate-mib", "16", "--start-seconds", "1", "--init-seconds", "2",
         "--warmup-seconds", "1"]
 OOM = "torch.OutOfMemoryError: CUDA out of memory."
+# The catalog's container_command of the simulator's image (SGLang's protocol), as the demo's catalog has it.
+SIM_CONTAINER_COMMAND = ["python3", "-m", "modelwake_sim", "serve", "--engine", "sglang"]
 
 
 def play(guest, playbook, extra=None):
@@ -198,16 +200,15 @@ class ContainerGuest(object):
             inventory = os.path.join(tmp, "inventory.json")
             entry = {"engine": "sglang", "engine_package": "modelwake-sim", "engine_version": "0.1.0",
                      "unit": self.unit, "port": self.port, "model_path": "/srv/models/%s-sim" % self.model, "tp": 1,
-                     "extra_args": FAST, "ready_timeout": 300, "stall_timeout": 60, "runtime": self.runtime}
+                     "extra_args": FAST, "ready_timeout": 300, "stall_timeout": 60, "runtime": self.runtime,
+                     # In the image: its own Python, the simulator in its site directory.
+                     "container_command": SIM_CONTAINER_COMMAND}
             variables = dict(guest_vars(host_tool("key")), **{
                 "modelwake_deploy_model": self.model, "modelwake_host_models": [self.model],
                 "modelwake_gpus_required": False, "modelwake_demo_model_size_mib": 64,
                 "modelwake_demo_model_shards": 8, "model_service_poll_interval": 1,
                 # Quick restarts: the crash tests wait for the launcher to stop its loop (3 starts).
                 "model_service_restart_sec": 2,
-                # In the image: its own Python, the simulator in its site directory.
-                "model_service_container_command": "{{ ['python3', '-m', 'modelwake_sim', 'serve', '--engine', "
-                                                   "model_service_engine] }}",
                 "modelwake_models": {self.model: entry}}, **(extra_vars or {}))
             self._write_inventory(inventory, variables)
             guest = {"inventory": inventory, "tmp": tmp, "timings": timings}

@@ -1,6 +1,6 @@
 """The real vLLM CPU build in a Podman image, built on a systemd test host (tests/integration/test_vllm_deploy.py).
 
-The image is the test hosts' own root filesystem (tools/testhosts' tarball, as tests/helpers/podman_guest.py
+The image is the test hosts' own root filesystem (tools/testhosts' tarball, as tools/guest_runtime.py
 imports it) plus the venv that inference_env installed on the guest, at the same path (its bin/python links
 to the root filesystem's /usr/bin/python3.11), and libnuma.so.1, which vLLM's CPU kernels link and the guest
 got from its package. No registry and nothing run during the build: the guest's venv is appended to the root
@@ -17,7 +17,7 @@ import os
 import time
 
 from tests.helpers.guesthost import guest_sh, testhosts_tool
-from tests.helpers.podman_guest import push_files
+from tools.guest_runtime import push_files
 
 IMAGE = "localhost/modelwake-vllm-cpu"
 LIBNUMA = ["usr/lib/x86_64-linux-gnu/libnuma.so.1", "usr/lib/x86_64-linux-gnu/libnuma.so.1.0.0"]

@@ -1,5 +1,5 @@
 """runtime: docker on a real systemd guest: deploy-k26.yml deploys the simulated engine in a Docker container of
-an image built from the test hosts' own root filesystem (tests/helpers/docker_guest.py; built once, cached, and
+an image built from the test hosts' own root filesystem (tools/guest_runtime.py; built once, cached, and
 loaded by inference_env from its `docker save` archive as on an air-gapped host), Docker from Debian's packages.
 
 The unit is the venv's notify unit with `docker run` as the launcher's engine. The container is containerd's
@@ -19,8 +19,9 @@ import time
 import pytest
 
 from tests.helpers.container_guest import FAST, OOM, ContainerGuest, play
-from tests.helpers.docker_guest import broken_image, install_docker, sim_image
+from tests.helpers.docker_guest import broken_image, sim_image
 from tests.helpers.guesthost import host_tool, verdict_msg
+from tools.guest_runtime import install_docker
 
 VM = ContainerGuest("mwd-%d" % (os.getpid() % 100000), "dock", "sglang-dock", "docker", port=30012)
 GUEST, UNIT, CONTAINER = VM.name, VM.unit, VM.container

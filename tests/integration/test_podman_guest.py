@@ -1,5 +1,5 @@
 """runtime: podman on a real systemd guest: deploy-k26.yml deploys the simulated engine in a container of an
-image built from the test hosts' own root filesystem (tests/helpers/podman_guest.py; built once, cached, and
+image built from the test hosts' own root filesystem (tools/guest_runtime.py; built once, cached, and
 loaded by inference_env from its archive as on an air-gapped host), Podman from Debian's packages.
 
 The unit is the venv's notify unit with `podman run` as the launcher's engine: systemd says activating with
@@ -24,7 +24,8 @@ import pytest
 from tests.helpers.container_guest import FAST, OOM, ContainerGuest, play
 from tests.helpers import realwheels
 from tests.helpers.guesthost import guest_sh, guest_ssh, host_tool, journal_with, verdict_msg, verdicts
-from tests.helpers.podman_guest import broken_image, install_podman, sim_image
+from tests.helpers.podman_guest import broken_image, sim_image
+from tools.guest_runtime import install_podman
 
 VM = ContainerGuest("mwp-%d" % (os.getpid() % 100000), "pod", "sglang-pod", "podman", port=30011)
 GUEST, UNIT, CONTAINER = VM.name, VM.unit, VM.container

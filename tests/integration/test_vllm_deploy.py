@@ -38,9 +38,9 @@ import yaml
 
 from tests.helpers import ROOT, until
 from tests.helpers.guesthost import RESTART_WAIT, GuestHost, Timed, journal_with, report, verdict_msg, verdicts
-from tests.helpers.podman_guest import install_podman
 from tests.helpers.vllm_image import build_vllm_image
 from tools import vllm_cpu
+from tools.guest_runtime import install_podman
 
 HOST = "vllm-cpu"  # the inventory's host name
 VM = GuestHost("mwv", os.path.join(ROOT, "inventories", "vllm-cpu"), HOST)
@@ -410,12 +410,12 @@ def test_the_same_vllm_in_a_podman_image_is_activating_until_a_completion_and_it
         image_id = build_vllm_image(guest.name, VENV, TIMINGS)
     with open(os.path.join(VM.inventory, "group_vars", "all", "models.yml")) as handle:
         entry = yaml.safe_load(handle)["modelwake_models"]["tiny-llama"]
-    entry.update(runtime="podman", image_id=image_id)
+    # The image's venv (vllm-cpu has no working `vllm serve`: the API server's module, as for the venv).
+    entry.update(runtime="podman", image_id=image_id,
+                 container_command=[VENV + "/bin/python", "-m", "vllm.entrypoints.openai.api_server"])
     extra = {"modelwake_models": {"tiny-llama": entry},
              # The guests' cgroup v1 controllers are read-only: the unit's own cgroup (test_podman_guest.py).
-             "model_service_container_cgroups": "disabled",
-             # The image's venv (vllm-cpu has no working `vllm serve`: the API server's module, as for the venv).
-             "model_service_container_command": [VENV + "/bin/python", "-m", "vllm.entrypoints.openai.api_server"]}
+             "model_service_container_cgroups": "disabled"}
     with UnitWatch(UNIT) as watch:
         with timed("podman: deploy onto the image (restart into the container + wait + smoke)"):
             rc, out = guest.deploy(extra)
