@@ -14,6 +14,8 @@
  *   "fabric" {"state": "not_started"|"in_progress"|"completed", "status" (an nvmlReturn_t)} (left
  *   out: Not Supported, a GPU on no NVSwitch fabric); at the top, "driver_version" (default
  *   "580.95.05") and "cuda_driver_version" (default 13000, CUDA 13.0).
+ * (A holder's "pid_namespace", written by an engine in a container, is resolved by the scripted nvidia-smi
+ * only: this library runs in the unit tests, where no engine runs in a container.)
  * A holder whose pid is gone (or a zombie) holds nothing, as on a real GPU. The picture is read
  * again when the directory changed (the writers replace files atomically) or 0.2 s have passed.
  *

@@ -3,15 +3,18 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import struct
+import subprocess
+import sys
 import time
 
 import pytest
 
 from modelwake_sim import __main__ as cli  # engines/sim: on sys.path by pytest.ini
 from modelwake_sim import faults, logs, model, safetensors, textgen
-from tests.helpers import FAKES
+from tests.helpers import FAKES, SIM_PATH
 
 
 def load_nvidia_smi():
@@ -250,6 +253,39 @@ def test_holders_merge_and_dead_ones_are_ignored(tmp_path, monkeypatch, capsys):
     code, out = run_smi(monkeypatch, capsys, directory, "--query-compute-apps=gpu_uuid,used_memory,pid",
                         "--format=csv,noheader,nounits")
     assert out.splitlines() == ["GPU-0, 76000, %d" % os.getpid(), "GPU-1, 1000, %d" % os.getpid()]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="a PID namespace needs root and unshare")
+def test_a_holder_written_in_a_containers_pid_namespace_is_listed_by_its_host_pid(tmp_path, monkeypatch, capsys):
+    """An engine in a container writes its holder with the PID it has there; NVML (and so nvidia-smi) names the
+    process by its host PID. The simulator's own Holder, in a real PID namespace of its own (unshare), as
+    Podman's and Docker's containers have one."""
+    directory = gpu_dir(tmp_path, {})
+    writer = ("import sys, time; from modelwake_sim.gpus import Holder; "
+              "Holder(sys.argv[1], 'sglang::scheduler_TP0', 1).update(76000, 0); print('held', flush=True); "
+              "time.sleep(60)")
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-c", writer, directory],
+                            stdout=subprocess.PIPE, universal_newlines=True,
+                            env=dict(os.environ, PYTHONPATH=SIM_PATH))
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        # unshare forks the namespace's first process: its host PID is unshare's child.
+        with open("/proc/%d/task/%d/children" % (proc.pid, proc.pid)) as handle:
+            inner = int(handle.read().split()[0])
+        (holder,) = [json.loads((tmp_path / name).read_text()) for name in os.listdir(directory) if name.startswith("holder-")]
+        assert holder["pid"] == 1 and holder["pid_namespace"] != os.readlink("/proc/self/ns/pid"), holder
+        code, out = run_smi(monkeypatch, capsys, directory, "--query-compute-apps=gpu_uuid,used_memory,pid",
+                            "--format=csv,noheader,nounits")
+        assert (code, out.splitlines()) == (0, ["GPU-1, 76000, %d" % inner])
+    finally:
+        proc.kill()  # --kill-child: the namespace's process goes with unshare
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while os.path.exists("/proc/%d" % inner) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # Gone with its namespace: the memory is free again.
+    code, out = run_smi(monkeypatch, capsys, directory, "--query-compute-apps=pid", "--format=csv,noheader")
+    assert (code, out.strip()) == (0, "")
 
 
 def test_nounits_keeps_header_units_and_ids_filter(tmp_path, monkeypatch, capsys):

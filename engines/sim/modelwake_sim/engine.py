@@ -19,7 +19,7 @@ import time
 import traceback
 
 from . import __version__, faults, http, hub, logs, ranks, textgen, work
-from .gpus import ensure_gpus, fake_gpu_dir
+from .gpus import ensure_gpus, fake_gpu_dir, holder_path, pid_namespace
 
 SGLANG_VERSION = "0.5.23"
 VLLM_VERSION = "0.32.0"
@@ -241,9 +241,9 @@ class ApiServer:
 
     def _remove_dead_holders(self):
         """Holders of our own processes that were SIGKILLed: nvidia-smi ignores them, but keep tidy."""
-        directory = fake_gpu_dir()
+        directory, namespace = fake_gpu_dir(), pid_namespace()
         for pid in self.known_pids:
-            path = os.path.join(directory, "holder-%d.json" % pid)
+            path = holder_path(directory, pid, namespace)
             if os.path.exists(path) and not _alive(pid):
                 try:
                     os.unlink(path)

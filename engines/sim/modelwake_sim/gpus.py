@@ -1,8 +1,9 @@
 """The scripted GPU picture: the simulated engine's side of tests/fakes/nvidia-smi.
 
 Directory `${MODELWAKE_FAKE_GPU_DIR:-/run/modelwake-fake-gpu}` holds `gpus.json` (the GPUs) and
-one `holder-<pid>.json` per process that "holds" GPU memory. Each rank process writes its own
-holder, so nvidia-smi's compute-apps list shows the scheduler/worker PIDs, as on a real host.
+one `holder-<pid namespace>-<pid>.json` per process that "holds" GPU memory. Each rank process writes its
+own holder, so nvidia-smi's compute-apps list shows the scheduler/worker PIDs, as on a real host (by their
+host PIDs also when the engine runs in a container, which mounts this directory).
 """
 import json
 import os
@@ -15,6 +16,22 @@ DEFAULT_TOTAL_MIB = 97887
 
 def fake_gpu_dir():
     return os.environ.get("MODELWAKE_FAKE_GPU_DIR") or DEFAULT_DIR
+
+
+def pid_namespace():
+    """This process's PID namespace, as its link reads (pid:[4026531836]). A process in a container (Podman's
+    or Docker's own PID namespace) knows only the PID it has there; with the namespace, the scripted
+    nvidia-smi on the host finds the host PID that NVML would report."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def holder_path(directory, pid, namespace):
+    """One file per process: PIDs of two containers' namespaces may be equal, their namespaces are not."""
+    inode = "".join(char for char in namespace if char.isdigit())
+    return os.path.join(directory, "holder-%s-%d.json" % (inode, pid) if inode else "holder-%d.json" % pid)
 
 
 def _write_json_atomic(path, data):
@@ -62,7 +79,8 @@ class Holder:
 
     def __init__(self, directory, name, gpu_index, pid=None):
         self.pid = pid if pid is not None else os.getpid()
-        self.path = os.path.join(directory, "holder-%d.json" % self.pid)
+        self.namespace = pid_namespace()
+        self.path = holder_path(directory, self.pid, self.namespace)
         self.name = name
         self.gpu_index = gpu_index
         self.last = None
@@ -72,7 +90,7 @@ class Holder:
         if state == self.last:
             return
         self.last = state
-        _write_json_atomic(self.path, {"pid": self.pid, "name": self.name,
+        _write_json_atomic(self.path, {"pid": self.pid, "pid_namespace": self.namespace, "name": self.name,
                                        "gpus": {str(self.gpu_index): {"memory_mib": state[0],
                                                                       "utilization": state[1]}}})
 
