@@ -1,5 +1,6 @@
 # modelwake: every entry point a developer or CI uses.
 #   make demo  - install what is missing, boot a local systemd test host, deploy the simulated K2.6
+#                (RUNTIME=podman or RUNTIME=docker: the engine in a container)
 #   make test  - install what is missing, lint, and run every test (what .ci/run runs)
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -96,9 +97,25 @@ test: system-deps venv ## Everything CI runs
 	[ $$integration -eq 0 ] || echo "make test: the integration tests failed"; \
 	[ $$integration -eq 0 ] && [ $$lint_unit -eq 0 ]
 
-demo: system-deps venv hosts-up ## Boot a test host and deploy the simulated K2.6 to it
+# RUNTIME=podman or RUNTIME=docker: the same engine from an image (docs/containers.md, "The container demo"):
+# the runtime installed on the test host from Debian's packages, the simulator's image built (or its archive
+# reused), and its ID and archive passed to the deploy in DEMO_VARS, which a re-run passes again.
+RUNTIME ?= venv
+DEMO_VARS := $(MODELWAKE_CACHE)/demo-$(RUNTIME).json
+ifneq ($(filter demo,$(MAKECMDGOALS)),)
+ifeq ($(filter $(RUNTIME),venv podman docker),)
+$(error RUNTIME must be venv (the default), podman or docker, not '$(RUNTIME)'; nothing was done)
+endif
+endif
+demo: system-deps venv hosts-up ## Boot a test host and deploy the simulated K2.6 to it (RUNTIME=podman|docker: in a container)
 	ansible-playbook -i inventories/demo playbooks/demo-model.yml
+ifeq ($(RUNTIME),venv)
 	ansible-playbook -i inventories/demo deploy-k26.yml
+else
+	$(VENV)/bin/python tools/guest_runtime.py install demo-k26 $(RUNTIME)
+	$(VENV)/bin/python tools/guest_runtime.py sim-image demo-k26 $(RUNTIME) --vars-file "$(DEMO_VARS)"
+	ansible-playbook -i inventories/demo deploy-k26.yml -e @"$(DEMO_VARS)"
+endif
 
 hosts-up: system-deps venv ## Bring the demo test hosts up
 	tools/testhosts up demo-k26 --addr 10.213.77.10

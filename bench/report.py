@@ -13,7 +13,7 @@ MODULE_EXPECTS = {"normal": READY, "crash-loading": "failed", "hang-loading": "s
 EARLY_TOLERANCE = 0.5  # s: the ready line is stamped when read from the pipe, a little after the port opens
 # bench/run.py's steps, in the order it runs them (--only picks some).
 STEPS = ("scenarios", "cost", "stacks", "churn", "arrivals", "history", "throughput", "rerun", "fanout", "containers",
-         "realvllm", "disk")
+         "containerdemo", "realvllm", "disk")
 
 
 def judge(scenario, approach, said, verdict_t, truth_t, msg=""):
@@ -274,6 +274,7 @@ def render(results, pictures):
         lines += ["Not measured%s: %s" % (" completely" if fanout.get("levels") else "",
                                           (fanout.get("why") or "step not run").strip()[-400:].replace("\n", " ")), ""]
     lines += containers_section(results.get("containers"))
+    lines += container_demo_section(results.get("containerdemo"))
     lines += _disk_section(results.get("disk"))
     lines += ["## Targets", "", "| target | | measured |", "|---|---|---|"]
     missed = []
@@ -666,6 +667,28 @@ def container_headline(measured):
         for runtime in ("podman", "docker") if runtime in added)
 
 
+def container_demo_section(measured):
+    """bench/container_demo.py's step: `make demo RUNTIME=...` timed as a user runs it."""
+    if not measured:
+        return []
+    lines = ["## The container demo", ""]
+    if measured.get("status") != "measured":
+        return lines + ["Not measured: %s" % (measured.get("why") or "step not run").strip()[-400:].replace("\n", " "), ""]
+    lines += ["`bench/run.py --only containerdemo` (bench/container_demo.py), %s, on the 2-core development machine "
+              "(load average %s after the runs): the README's container demo as a user runs it, from no demo host "
+              "and no cached image archive, then again, then under Docker on the same host, again, and back to the "
+              "venv (`make demo`). Each command's wall time, the deploy's recap and the wait's verdict:"
+              % (measured.get("date", "?"), " ".join(measured.get("load_average") or ["?"])), "",
+              "| command | wall | deploy's recap | ready after (phases) |", "|---|---|---|---|"]
+    for run in measured["runs"]:
+        recap = run.get("recap") or {}
+        lines.append("| `make demo%s` (%s) | %.0f s | changed=%s | %s |" % (
+            "" if run["runtime"] == "venv" else " RUNTIME=" + run["runtime"], run["label"], run["seconds"],
+            recap.get("changed", "?"),
+            "%s s (%s)" % (run["ready_after_s"], run["phases"]) if run.get("ready_after_s") is not None else "-"))
+    return lines + [""]
+
+
 def containers_section(measured):
     """bench/containers.py's step: the same simulated engine started as a venv unit, under Podman and under
     Docker on one test host; what a container start adds, and what of it is the test host's."""
@@ -747,7 +770,7 @@ def containers_section(measured):
               "controllers are read-only; a real host uses `--cgroups=split`, which makes a sub-cgroup or two); Docker "
               "runs its containers through the guest's runc wrapper (a Python script before each runc call, runc "
               "`--rootless=true` without cgroups). The two images differ too: Podman's is the test hosts' whole root "
-              "filesystem plus the engine, Docker's the same slimmed to one layer (tests/helpers/docker_guest.py). No GPUs: a real host adds the NVIDIA Container Toolkit's hook (CDI "
+              "filesystem plus the engine, Docker's the same slimmed to one layer (tools/guest_runtime.py). No GPUs: a real host adds the NVIDIA Container Toolkit's hook (CDI "
               "or `--gpus`) to each container start, and a real engine's start (minutes) dwarfs all of this.", ""]
     return lines
 

@@ -27,7 +27,7 @@ if not __package__:
     sys.exit("bench/run.py runs from the repository root as a module: .venv/bin/python -m bench.run")
 
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness import follow  # noqa: E402
-from bench import containers, disk, report, simrun  # noqa: E402
+from bench import container_demo, containers, disk, report, simrun  # noqa: E402
 from modelwake_runner.cli import run_playbook  # noqa: E402  (ansible-runner: every play's events as data)
 from tests.fakes import fake_nvml  # noqa: E402  (the fake libnvidia-ml.so.1: scripted GPUs read through NVML)
 from tests.helpers import ANSIBLE_PLAYBOOK, FAKES, ROOT, TESTHOSTS, VENV_BIN, free_port, poll  # noqa: E402
@@ -911,6 +911,8 @@ def main(argv=None):
                                 ("fanout", "fan-out over 1, 2 and 4 test hosts", lambda: measure_fanout(work)),
                                 ("containers", "the time a container start adds: venv, Podman, Docker on one test host",
                                  lambda: containers.measure(work)),
+                                ("containerdemo", "make demo RUNTIME=podman and RUNTIME=docker, as a user runs them",
+                                 lambda: container_demo.measure(work)),
                                 ("realvllm", "the module watching a real vLLM CPU start", lambda: measure_real_vllm(work)),
                                 ("disk", "loading from this disk: default loader, prefetch, eager (real vLLM CPU, simulated TP 8)",
                                  lambda: disk.measure(work, engines=disk_engines))):

@@ -7,6 +7,7 @@ catalog. A misspelt key is refused by deploy-k26.yml before any task reaches a h
 import ipaddress
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -29,6 +30,27 @@ def inventory(name):
     return json.loads(out)
 
 
+def rendered(name, variables, extra=None):
+    """{host: {variable: value}} of every host of the inventory, templated by Ansible as a play sees them
+    (ansible-inventory shows a catalog entry's templates as written): debug runs on the controller, no host
+    is contacted."""
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_CALLBACK_RESULT_FORMAT="json",
+               ANSIBLE_NOCOLOR="1")
+    msg = "{{ {%s} }}" % ", ".join("'%s': %s" % (variable, variable) for variable in variables)
+    argv = [os.path.join(VENV_BIN, "ansible"), "all", "-i", os.path.join(ROOT, "inventories", name),
+            "-m", "ansible.builtin.debug", "-a", json.dumps({"msg": msg})]
+    if extra:
+        argv += ["-e", json.dumps(extra)]
+    out = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         universal_newlines=True, timeout=120, check=True).stdout
+    hosts = {}
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"^(\S+) \| SUCCESS => ", out, re.M):  # the default callback's ad hoc result
+        hosts[match.group(1)] = decoder.raw_decode(out, match.end())[0]["msg"]
+    assert hosts, out
+    return hosts
+
+
 def test_production_addresses_are_documentation_only():
     hosts = inventory("production")["_meta"]["hostvars"]
     assert hosts
@@ -40,10 +62,12 @@ def test_production_addresses_are_documentation_only():
 @pytest.mark.parametrize("name", ["production", "demo", "vllm-cpu"])
 def test_every_host_model_is_a_valid_catalog_entry(name):
     hosts = inventory(name)["_meta"]["hostvars"]
+    # The demo's entry holds templates (the container demo's extra-vars): checked as a play sees it.
+    catalogs = rendered(name, ["modelwake_models"]) if name == "demo" else {}
     for host, hostvars in hosts.items():
         if "modelwake_models" not in hostvars:
             continue
-        catalog = hostvars["modelwake_models"]
+        catalog = catalogs[host]["modelwake_models"] if host in catalogs else hostvars["modelwake_models"]
         for key, entry in catalog.items():
             assert entry_problems(entry, key) == [], name
         assert hostvars.get("modelwake_host_models"), "%s: %s serves nothing" % (name, host)
@@ -69,6 +93,24 @@ def test_demo_deploys_the_simulated_k26_on_30001():
     assert (k26["engine"], k26["engine_package"], k26["unit"], k26["port"], k26["tp"]) == (
         "sglang", "modelwake-sim", "sglang-k26", 30001, 8)
     assert hostvars["modelwake_demo_model_shards"] == 64
+
+
+def test_the_demos_entry_runs_from_the_venv_or_in_the_container_make_demo_names():
+    # `make demo`: the venv; `make demo RUNTIME=podman|docker`: tools/guest_runtime.py's extra-vars.
+    assert rendered("demo", ["modelwake_models"])["demo-k26"]["modelwake_models"]["k26"]["runtime"] == "venv"
+    image_id = "sha256:" + "2e" * 32
+    for runtime in ("podman", "docker"):
+        extra = {"modelwake_demo_runtime": runtime, "modelwake_demo_image_id": image_id,
+                 "modelwake_demo_image_archive": "/cache/podman/sim-image.tar",
+                 # What playbooks/vars/catalog-entry.yml sets for the model a play deploys.
+                 "modelwake_deploy": "{{ modelwake_models.k26 }}"}
+        demo = rendered("demo", ["modelwake_models", "model_service_container_extra_args"], extra)["demo-k26"]
+        k26 = demo["modelwake_models"]["k26"]
+        assert entry_problems(k26, "k26") == []
+        assert (k26["runtime"], k26["image_id"], k26["image_archive"]) == (runtime, image_id, extra["modelwake_demo_image_archive"])
+        assert k26["container_command"] == ["python3", "-m", "modelwake_sim", "serve", "--engine", "sglang"]
+        # Its --fake-gpus ranks write their holders where the host's scripted nvidia-smi reads them.
+        assert demo["model_service_container_extra_args"] == ["--volume", "/run/modelwake-fake-gpu:/run/modelwake-fake-gpu"]
 
 
 def deploy_unreachable_host(tmp_path, name, host_vars):

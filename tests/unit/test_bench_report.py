@@ -163,7 +163,26 @@ def every_section():
     data["disk"] = disk_measured()
     data["churn"] = churn_measured()
     data["containers"] = containers_measured()
+    data["containerdemo"] = container_demo_measured()
     return data
+
+
+def container_demo_measured():
+    run = {"runtime": "podman", "rc": 0, "recap": {"ok": 107, "changed": 18}, "phases": "loading -> ready", "log": "x"}
+    return {"status": "measured", "date": "2026-12-06", "load_average": ["1.93", "1.58", "2.08"], "runs": [
+        dict(run, label="from no host and no image", seconds=132.0, ready_after_s=40),
+        dict(run, label="again", seconds=31.0, recap={"changed": 0}, ready_after_s=0, phases="ready"),
+        dict(run, label="venv again", runtime="venv", seconds=75.0, ready_after_s=None)]}
+
+
+def test_the_container_demo_section_gives_each_commands_time_recap_and_verdict():
+    text = "\n".join(report.container_demo_section(container_demo_measured()))
+    assert "| `make demo RUNTIME=podman` (from no host and no image) | 132 s | changed=18 | 40 s (loading -> ready) |" in text
+    assert "| `make demo RUNTIME=podman` (again) | 31 s | changed=0 | 0 s (ready) |" in text
+    assert "| `make demo` (venv again) | 75 s | changed=18 | - |" in text
+    failed = report.container_demo_section({"status": "not measured", "why": "podman, from no host failed (rc 2)"})
+    assert failed[-2] == "Not measured: podman, from no host failed (rc 2)"
+    assert report.container_demo_section(None) == []
 
 
 def headings(text):
