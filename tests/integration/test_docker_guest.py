@@ -7,7 +7,8 @@ shim's, outside the unit's cgroup: the launcher finds it by its name (its init's
 systemd says activating with the launcher's STATUS= until a completion answers; a re-run changes nothing and
 keeps the same container; an image upgrade whose engine fails is rolled back to the previous image ID; a GPU
 holder in a container started by hand is named by its container beside its host PID, and refused; an engine
-that crashes in the container ends the deploy failed with its own error; no stop leaves a container behind.
+that crashes in the container ends the deploy failed with its own error; no stop leaves a container behind;
+a deploy while dockerd is down is refused before any change.
 The guest is destroyed afterwards, also when a test fails.
 """
 import json
@@ -132,3 +133,17 @@ def test_a_crash_in_the_container_fails_the_deploy_with_its_cause_and_leaves_no_
     assert show("ActiveState")["ActiveState"] in ("failed", "inactive")
     assert containers() == []
 
+
+def test_a_deploy_while_dockerd_is_down_is_refused_before_any_change(guest):
+    # Last in this file: stopping dockerd stops every container, and no case after it needs one.
+    on_guest("systemctl stop docker.socket docker")
+    try:
+        rc, out = play(guest, "deploy-k26.yml")
+    finally:
+        on_guest("systemctl start docker")
+    flat = " ".join(out.split())
+    assert rc != 0 and VM.recap(out)["changed"] == 0, flat[-3000:]
+    assert ("`/usr/bin/docker info` did not answer on %s: Docker's daemon is not running or its socket is not reachable; "
+            "nothing was changed. Start it: `systemctl enable --now docker`" % GUEST) in flat, flat[-3000:]
+    # Refused at model_service's preflight: before gpu_preflight and inference_env ran at all.
+    assert "TASK [gpu_preflight" not in out and "TASK [inference_env" not in out, flat[-3000:]

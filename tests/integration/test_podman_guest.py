@@ -4,7 +4,8 @@ loaded by inference_env from its archive as on an air-gapped host), Podman from 
 
 The unit is the venv's notify unit with `podman run` as the launcher's engine: systemd says activating with
 the launcher's STATUS= (the read bytes are the container's, found in the unit's cgroup by host PID) until a
-completion answers; a re-run changes nothing and keeps the same container; an image upgrade whose engine
+completion answers; a re-run changes nothing and keeps the same container; a pinned image the host cannot
+get is refused before any change; an image upgrade whose engine
 fails is rolled back to the previous image ID; GPU holders in containers are named by container beside their
 host PID, stopped through their unit when it may be stopped, refused otherwise; an engine that crashes in the
 container ends the deploy failed with its own error, and its stops leave no container behind; one that hangs
@@ -75,6 +76,23 @@ def test_a_rerun_changes_nothing_and_keeps_the_same_container(guest):
     assert rc == 0, out[-5000:]
     assert recap(out)["changed"] == 0, out[-5000:]
     assert (container_id(), show("MainPID")["MainPID"]) == kept
+
+
+def test_a_pinned_image_the_host_cannot_get_is_refused_before_any_change(guest):
+    # A new pin that is neither on the host nor in an archive that exists, and no name to pull it by.
+    missing = "sha256:" + "5" * 64
+    kept = (container_id(), show("InvocationID")["InvocationID"])
+    for archive, why in (("", "the catalog names neither an image_archive to load it from nor an image to pull"),
+                         (os.path.join(guest["tmp"], "no-such.tar"), "its archive %s does not exist on the controller"
+                          % os.path.join(guest["tmp"], "no-such.tar"))):
+        rc, out = play(guest, "deploy-k26.yml", {"modelwake_models": {"pod": dict(entry(guest), image_id=missing,
+                                                                                  image_archive=archive)}})
+        flat = " ".join(out.split())
+        assert rc != 0 and recap(out)["changed"] == 0, flat[-3000:]
+        assert "The pinned image %s is not on %s, and %s; nothing was changed." % (missing, GUEST, why) in flat, flat[-3000:]
+        # Refused at model_service's preflight: before gpu_preflight and inference_env ran at all.
+        assert "TASK [gpu_preflight" not in out and "TASK [inference_env" not in out, flat[-3000:]
+    assert (container_id(), show("InvocationID")["InvocationID"]) == kept
 
 
 def test_a_failed_image_upgrade_is_rolled_back_to_the_previous_image(guest):
