@@ -6,9 +6,6 @@ repository inventory whose one host is pointed at the guest's address: through a
 failed wait's message come from the run's events, not from Ansible's text. Each pytest process
 names its guests after its PID, so parallel workers and a developer's own run never share one.
 """
-import functools
-import importlib.machinery
-import importlib.util
 import json
 import os
 import re
@@ -20,23 +17,15 @@ import time
 from modelwake_runner.cli import run_playbook
 from tests.helpers.paths import ANSIBLE, ROOT, SIM_WHEELS, TESTHOSTS
 from tests.helpers.waiting import poll
+from tools import guest_runtime
 
 
-@functools.lru_cache(maxsize=None)
-def testhosts_tool():
-    """tools/testhosts as a module, loaded once per test process: its guests' addresses, SSH and root
-    filesystem, as the command line tool has them."""
-    loader = importlib.machinery.SourceFileLoader("testhosts_tool", TESTHOSTS)
-    spec = importlib.util.spec_from_loader("testhosts_tool", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-def guest_ssh(name, command):
-    """The argv that runs `command` on the guest `name`, as `tools/testhosts ssh` does (over the guest's
-    shared connection), without starting that tool's Python for every command."""
-    return testhosts_tool().ssh_cmd(name, command)
+# tools/testhosts as a module (its guests' addresses, SSH and root filesystem), the argv of a command on a guest
+# over its shared connection, and a command's output: one definition, tools/guest_runtime.py's, which
+# `make demo RUNTIME=...` runs too.
+testhosts_tool = guest_runtime.testhosts
+guest_ssh = guest_runtime.guest_ssh
+guest_sh = guest_runtime.guest_sh
 
 
 def host_tool(*args, check=True, timeout=600):
@@ -130,19 +119,6 @@ def journal_with(pattern, read, timeout=30):
 
     poll(has_it, timeout, interval=0.5)
     return last[0]
-
-
-def guest_sh(name, command, check=True, timeout=120, stdin=None):
-    """Run a shell command as root on the guest `name` (stdin: text or bytes); return its stdout."""
-    if isinstance(stdin, str):
-        stdin = stdin.encode("utf-8")
-    proc = subprocess.run(guest_ssh(name, command), input=stdin, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, timeout=timeout)
-    out = proc.stdout.decode("utf-8", "replace").strip()
-    if check and proc.returncode != 0:
-        raise AssertionError("%s failed on the guest %s (rc %d): %s %s"
-                             % (command, name, proc.returncode, out, proc.stderr.decode("utf-8", "replace")))
-    return out
 
 
 class GuestHost(object):
