@@ -18,7 +18,7 @@ import pytest
 from ansible_collections.modelwake.serving.plugins.module_utils.launcher.textfile import prometheus_text
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.verdict import Verdict
 
-from tests.helpers import ANSIBLE_PLAYBOOK as PLAYBOOK, FIXTURES, ROOT
+from tests.helpers import ANSIBLE_PLAYBOOK as PLAYBOOK, FAKES, FIXTURES, ROOT
 VENV = "/opt/modelwake/venv"
 SECRET = "sk-modelwake-test-7f3a9c"
 
@@ -63,9 +63,9 @@ EXTRA_VARS = {
     "_model_service_expected_load_file": "{{ render_root }}/{{ inventory_hostname }}/expected-load.prom",
     "model_service_group": "root",
     "model_service_venv": VENV,
-    # This machine stands for the host and has no container runtime: the preflight's look for its tool finds
-    # one that is there (the unit still runs /usr/bin/podman or /usr/bin/docker).
-    "_model_service_container_cli": "/bin/sh",
+    # This machine stands for the host and has no container runtime: the preflight asks a scripted client
+    # (the unit still runs /usr/bin/podman or /usr/bin/docker).
+    "_model_service_container_cli": os.path.join(FAKES, "container-cli"),
     # ... and has NVIDIA's devices, the GPUs' CDI specification (Podman) and the Container Toolkit's hook (Docker).
     "_model_service_nvidia_ctl": "/dev/null",
     "_model_service_cdi_dirs": [os.path.join(FIXTURES, "cdi")],
@@ -82,8 +82,9 @@ def make_model(path, shards=2, shard_bytes=1024 * 1024):
             handle.write(b"\0" * shard_bytes)
 
 
-def run_play(tmp_path, hosts, groups=None, extra=None, play=None):
-    """Run the rendering play (or `play`) over `hosts` ({name: vars}); return (completed process, render root)."""
+def run_play(tmp_path, hosts, groups=None, extra=None, play=None, env=None):
+    """Run the rendering play (or `play`) over `hosts` ({name: vars}), with `env` added to its environment (the
+    scripted container client's answers); return (completed process, render root)."""
     render_root = tmp_path / "out"
     render_root.mkdir()
     inventory = {"all": {"hosts": dict((name, dict(vars_, ansible_python_interpreter=sys.executable))
@@ -93,7 +94,7 @@ def run_play(tmp_path, hosts, groups=None, extra=None, play=None):
     (tmp_path / "play.yml").write_text(play or PLAY)  # PLAY read now: a test may have patched it
     extra_vars = dict(EXTRA_VARS, render_root=str(render_root), **(extra or {}))
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_FORCE_COLOR="0")
+               ANSIBLE_FORCE_COLOR="0", **(env or {}))
     proc = subprocess.run(
         [PLAYBOOK, "-i", str(tmp_path / "inventory.json"), str(tmp_path / "play.yml"),
          "-e", json.dumps(extra_vars), "--diff"],
@@ -540,3 +541,68 @@ def test_a_container_runtime_missing_on_the_host_is_refused_before_anything_is_w
     assert ("model_service_runtime is %s but %s is missing on bad; nothing was changed." % (runtime, missing)) in flat, flat
     assert "`apt-get update && apt-get install -y %s`" % packages in flat, flat
     assert not os.path.exists(os.path.join(str(root), "bad"))
+
+
+def container_host(tmp_path, runtime, **more):
+    make_model(str(tmp_path / "model"))
+    return dict({"model_service_model_path": str(tmp_path / "model"), "model_service_runtime": runtime,
+                 "model_service_container_image_id": "sha256:" + "a" * 64}, **more)
+
+
+@pytest.mark.parametrize("runtime,answer,refusal", [
+    ("docker", "fail", "`%s info` did not answer on bad: Docker's daemon is not running or its socket is not reachable; "
+                       "nothing was changed. Start it: `systemctl enable --now docker` (docker info said: Cannot connect "
+                       "to the Docker daemon"),
+    ("docker", "20.10.5 overlay2", None),
+    ("docker", "19.03.15 overlay2", "docker 19.03.15 on bad is older than 20.10, the oldest whose `run` options the unit "
+                                    "uses; nothing was changed."),
+    ("podman", "3.0.1 overlay", None),
+    ("podman", "2.1.1 overlay", "podman 2.1.1 on bad is older than 3.0, the oldest whose `run` options the unit uses; "
+                                "nothing was changed."),
+])
+def test_a_container_runtime_that_does_not_answer_or_is_too_old_is_refused_before_anything_is_written(
+        tmp_path, runtime, answer, refusal):
+    proc, root = run_play(tmp_path, {"bad": container_host(tmp_path, runtime)}, env={"FAKE_RUNTIME_INFO": answer})
+    flat = " ".join(proc.stdout.split())
+    if refusal is None:  # the oldest releases that pass, as Debian 11 ships them
+        assert proc.returncode == 0, flat
+        return
+    assert proc.returncode != 0, flat
+    assert (refusal % os.path.join(FAKES, "container-cli") if "%s" in refusal else refusal) in flat, flat
+    assert not os.path.exists(os.path.join(str(root), "bad"))
+
+
+def test_a_pinned_image_the_host_cannot_get_is_refused_and_one_it_can_passes(tmp_path):
+    image = "sha256:" + "a" * 64
+    absent = {"FAKE_RUNTIME_ABSENT_IMAGE": image}
+    archive = tmp_path / "image.tar"
+    cases = [
+        # Neither on the host nor to be had: refused, nothing written.
+        ({}, "the catalog names neither an image_archive to load it from nor an image to pull"),
+        ({"inference_env_container_image_archive": str(archive)}, "its archive %s does not exist on the controller" % archive),
+        # To be had (inference_env loads or pulls it later): passes.
+        ({"inference_env_container_image": "localhost/modelwake-sim:1"}, None),
+        ({"inference_env_container_image_archive": str(archive)}, None),
+    ]
+    for number, (more, refusal) in enumerate(cases):
+        if number == 3:
+            archive.write_bytes(b"an archive")
+        case = tmp_path / str(number)
+        case.mkdir()
+        proc, root = run_play(case, {"bad": container_host(case, "podman", **more)}, env=absent)
+        flat = " ".join(proc.stdout.split())
+        if refusal is None:
+            assert proc.returncode == 0, flat
+            continue
+        assert proc.returncode != 0, flat
+        assert ("The pinned image %s is not on bad, and %s; nothing was changed. Set the model's image_archive (a "
+                "`podman save` of it on the controller) or image" % (image, refusal)) in flat, flat
+        assert not os.path.exists(os.path.join(str(root), "bad"))
+
+
+def test_the_vfs_storage_driver_is_said_and_not_refused(tmp_path):
+    proc, _root = run_play(tmp_path, {"host": container_host(tmp_path, "podman")},
+                           env={"FAKE_RUNTIME_INFO": "4.3.1 vfs"})
+    flat = " ".join(proc.stdout.split())
+    assert proc.returncode == 0, flat
+    assert "storage driver on host is vfs: every container start copies the whole image" in flat, flat
