@@ -245,11 +245,11 @@ def image_key(runtime, sim_digest):
     return hashlib.sha256(("%s %s %s" % (IMAGE_RECIPE[runtime], testhosts().rootfs_id(), sim_digest)).encode()).hexdigest()[:16]
 
 
-def build_podman_image(guest, key, archive):
-    """Build the image on the guest (root filesystem imported, the engine added by a build), save it as an OCI
-    archive at `archive`; return its ID. The guest's storage is left without it, for the deploy to load."""
+def build_podman_image(guest, tar_bytes, key, archive):
+    """Build the image on the guest (root filesystem imported, the engine's files `tar_bytes` added by a build),
+    save it as an OCI archive at `archive`; return its ID. The guest's storage is left without it, for the
+    deploy to load."""
     tool = testhosts()
-    tar_bytes, _digest = sim_tar()
     name = "%s:%s" % (IMAGE_NAME["podman"], key)
     work = "/root/image-build"
     with open(os.path.join(CACHE, "sim.tar"), "wb") as handle:
@@ -269,10 +269,9 @@ def build_podman_image(guest, key, archive):
     return image_id
 
 
-def docker_layer(path):
-    """Write the Docker image's one layer to `path`: the root filesystem, slimmed, plus the engine in the site
-    directory."""
-    tar_bytes, _digest = sim_tar()
+def docker_layer(path, tar_bytes):
+    """Write the Docker image's one layer to `path`: the root filesystem, slimmed, plus the engine's files
+    `tar_bytes` in the site directory."""
     with tarfile.open(testhosts().build(), "r:gz") as rootfs, tarfile.open(path, "w") as out:
         for member in rootfs:
             if not member.name.startswith(DOCKER_SLIMMED):
@@ -283,13 +282,13 @@ def docker_layer(path):
                 out.addfile(member, sim.extractfile(member))
 
 
-def build_docker_image(guest, key, archive):
+def build_docker_image(guest, tar_bytes, key, archive):
     """Import the one layer on the guest, save it as a gzipped `docker save` archive at `archive`; return its
     ID. The guest's storage is left without it, for the deploy to load."""
     name = "%s:%s" % (IMAGE_NAME["docker"], key)
     work = "/root/image-build"
     layer = os.path.join(CACHE, "sim-docker-layer.tar")
-    docker_layer(layer)
+    docker_layer(layer, tar_bytes)
     push_files(guest, work, [layer])
     os.unlink(layer)
     guest_sh(guest, "docker import %s/%s %s >/dev/null" % (work, os.path.basename(layer), name), timeout=600)
@@ -305,7 +304,7 @@ def build_docker_image(guest, key, archive):
 def sim_image(guest, runtime):
     """(the image archive on this machine, its ID sha256:<hex>) for `runtime`: built on `guest` (the runtime
     installed) the first time, then reused."""
-    _tar_bytes, sim_digest = sim_tar()
+    tar_bytes, sim_digest = sim_tar()
     key = image_key(runtime, sim_digest)
     suffix = ".oci.tar" if runtime == "podman" else ".docker.tar.gz"
     archive = os.path.join(CACHE, "sim-image-%s%s" % (key, suffix))
@@ -313,7 +312,7 @@ def sim_image(guest, runtime):
     with Locked(archive):
         if not (os.path.exists(archive) and os.path.exists(id_file)):
             build = build_podman_image if runtime == "podman" else build_docker_image
-            image_id = build(guest, key, archive)
+            image_id = build(guest, tar_bytes, key, archive)
             with open(id_file, "w") as handle:
                 handle.write(image_id + "\n")
         with open(id_file) as handle:
