@@ -47,7 +47,8 @@ import difflib
 from ansible.plugins.lookup import LookupBase
 
 # Every key an entry may have: its type, the type of a list's elements, its choices, whether it is
-# required. The roles' variables each key feeds are in playbooks/vars/catalog-entry.yml.
+# required. The roles' variables each key feeds are in playbooks/vars/catalog-entry.yml; a
+# controller_only key feeds none (the controller's checks read it from the catalog).
 CATALOG = {
     "engine": {"type": "str", "choices": ["sglang", "vllm"], "required": True},
     "unit": {"type": "str", "required": True},
@@ -61,6 +62,8 @@ CATALOG = {
     "host": {"type": "str"},
     "tp": {"type": "int"},
     "gpus": {"type": "list", "elements": "int"},
+    # Two models on the same GPUs both set it (host_models_problems; it feeds no role variable).
+    "share_gpus": {"type": "bool", "controller_only": True},
     "gpu_free_mib": {"type": "int"},
     "verify_checksums": {"type": "bool"},
     "conflicts": {"type": "list", "elements": "str"},

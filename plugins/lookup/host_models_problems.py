@@ -14,6 +14,10 @@ description:
   - Each model needs its own systemd unit, TCP port and GPUs; two models must not name each other's
     unit in C(conflicts) (they replace each other, they are not served together); two models that
     share a virtual environment must want the same engine, engine version and compressed-tensors.
+  - GPUs are read as the roles read them everywhere, an empty or absent C(gpus) meaning every GPU of
+    the host. Two models whose GPUs meet are refused, naming the GPUs they would share, unless both
+    entries set C(share_gpus=true), which shares them on purpose, their launchers starting them one at
+    a time (C(model_service_gpu_turns)).
   - A name missing from the catalog is reported too. Returns an empty list when the models fit.
     Reads nothing but its arguments.
 options:
@@ -61,11 +65,42 @@ DEFAULT_VENV = "/opt/modelwake/venv"
 VENV_CONTENTS = ("engine", "engine_version", "compressed_tensors_version")
 
 
+# An empty or absent `gpus`: the model uses every GPU of the host (gpu_preflight, model_service and the
+# launcher's turns all read it so).
+EVERY_GPU = "every GPU of the host"
+
+
 def _gpus(entry):
+    """The GPU indices the entry uses, or EVERY_GPU."""
+    gpus = entry.get("gpus") or []
+    if not gpus:
+        return EVERY_GPU
     try:
-        return set(int(gpu) for gpu in entry.get("gpus") or [])
+        return set(int(gpu) for gpu in gpus)
     except (TypeError, ValueError):
         return set()  # a malformed list is catalog_entry_problems' to report
+
+
+def _shared_gpus(a, b):
+    """The GPUs two entries would share, in words ('' when none)."""
+    first, second = _gpus(a), _gpus(b)
+    if first is EVERY_GPU and second is EVERY_GPU:
+        return EVERY_GPU
+    shared = second if first is EVERY_GPU else first if second is EVERY_GPU else first & second
+    return "GPU " + ", ".join(str(gpu) for gpu in sorted(shared)) if shared else ""
+
+
+def _gpu_problem(first, second, a, b, both):
+    """Two models on the same GPUs are refused unless both entries say they share them on purpose."""
+    shared = _shared_gpus(a, b)
+    if not shared or (a.get("share_gpus") is True and b.get("share_gpus") is True):
+        return []
+    empty = [name for name, entry in ((first, a), (second, b)) if _gpus(entry) is EVERY_GPU]
+    keys = "modelwake_models.%s.gpus, modelwake_models.%s.gpus" % (first, second)
+    if empty:
+        keys += "; %s: every GPU of the host" % " and ".join("an empty %s.gpus" % name for name in empty)
+    return ["%s both use %s (%s): give each model its own GPUs, serve them from different hosts, or set "
+            "share_gpus: true in both entries to share them, started one at a time" % (both, shared, keys)]
 
 
 def _pair_problems(first, second, a, b, where):
@@ -77,11 +112,7 @@ def _pair_problems(first, second, a, b, where):
     if str(a.get("port")) == str(b.get("port")):
         problems.append("%s both listen on port %s (modelwake_models.%s.port, modelwake_models.%s.port): give "
                         "each model its own port" % (both, a.get("port"), first, second))
-    shared = sorted(_gpus(a) & _gpus(b))
-    if shared:
-        problems.append("%s both use GPU %s (modelwake_models.%s.gpus, modelwake_models.%s.gpus): give each "
-                        "model its own GPUs, or serve them from different hosts"
-                        % (both, ", ".join(str(gpu) for gpu in shared), first, second))
+    problems += _gpu_problem(first, second, a, b, both)
     if str(b.get("unit")) in (a.get("conflicts") or []) or str(a.get("unit")) in (b.get("conflicts") or []):
         problems.append("%s conflict (modelwake_models.*.conflicts names the other's unit): they replace each "
                         "other, list only one of them for this host" % both)

@@ -2,7 +2,7 @@
 on one real systemd guest (tools/testhosts) with one scripted GPU.
 
 deploy-k26.yml deploys two simulated models (their own units and ports, both on the host's GPU: `gpus`
-left empty, every GPU) onto the guest. Then
+left empty, every GPU, and `share_gpus: true`) onto the guest. Then
 - both are stopped and started together while the load of whichever took the turn is held
   (--hold-load): the other one's STATUS= says it waits for its turn naming the first and its phase,
   it has no engine process, the wait module calls it starting (not stalled), and its launcher takes its
@@ -58,6 +58,8 @@ pytestmark = [
 def model(unit):
     return {"engine": "sglang", "engine_package": "modelwake-sim", "engine_version": "0.1.0", "unit": unit,
             "port": PORTS[unit], "model_path": "/srv/models/turns-sim", "tp": 1, "extra_args": FAST,
+            # `gpus` left empty: every GPU of the host, which both share on purpose (else the deploy refuses).
+            "share_gpus": True,
             # The held load shows no progress: long enough for the test's looks while it is held.
             "ready_timeout": 300, "stall_timeout": 150}
 

@@ -47,7 +47,13 @@ def role_specs():
 
 
 def test_the_spec_has_exactly_the_keys_the_mapping_reads():
-    assert set(CATALOG) == set(key for _, key, _ in mapping())
+    fed = set(key for key, spec in CATALOG.items() if not spec.get("controller_only"))
+    assert fed == set(key for _, key, _ in mapping())
+
+
+def test_share_gpus_is_true_or_false():
+    assert entry_problems(dict(K26, share_gpus=True), "k26") == []
+    assert entry_problems(dict(K26, share_gpus="yes"), "k26") == ["modelwake_models.k26.share_gpus must be true or false, got 'yes'"]
 
 
 @pytest.mark.parametrize("role_var,key,fallback", mapping())

@@ -21,10 +21,39 @@ def test_models_on_their_own_gpus_ports_and_units_fit():
     assert problems([]) == []
 
 
+HOW = ("give each model its own GPUs, serve them from different hosts, or set share_gpus: true in both entries "
+       "to share them, started one at a time")
+
+
 def test_the_same_gpu_is_refused_naming_both_models_and_the_gpu():
     found = problems(["left", "right"], right={"gpus": [3, 4]})
     assert found == ["modelwake_host_models on gpu01: left and right both use GPU 3 (modelwake_models.left.gpus, "
-                     "modelwake_models.right.gpus): give each model its own GPUs, or serve them from different hosts"]
+                     "modelwake_models.right.gpus): " + HOW]
+
+
+def test_an_empty_gpu_list_is_every_gpu_of_the_host_beside_a_list_and_beside_another_empty_one():
+    # The roles read an empty list as every GPU (gpu_preflight, model_service, the launcher's turns): so does the check.
+    found = problems(["left", "right"], left={"gpus": []})
+    assert found == ["modelwake_host_models on gpu01: left and right both use GPU 4, 5, 6, 7 (modelwake_models.left.gpus, "
+                     "modelwake_models.right.gpus; an empty left.gpus: every GPU of the host): " + HOW]
+    found = problems(["left", "right"], left={"gpus": []}, right={"gpus": None})
+    assert found == ["modelwake_host_models on gpu01: left and right both use every GPU of the host "
+                     "(modelwake_models.left.gpus, modelwake_models.right.gpus; an empty left.gpus and an empty "
+                     "right.gpus: every GPU of the host): " + HOW]
+    absent = {name: {key: value for key, value in CATALOG[name].items() if key != "gpus"} for name in ("left", "right")}
+    assert host_models_problems(absent, ["left", "right"], "gpu01") == [found[0]]
+
+
+def test_models_share_gpus_only_when_both_entries_say_so():
+    shared = {"left": {"gpus": [], "share_gpus": True}, "right": {"share_gpus": True}}
+    assert problems(["left", "right"], **shared) == []
+    assert problems(["left", "right"], left={"gpus": [3], "share_gpus": True}, right={"gpus": [3], "share_gpus": True}) == []
+    # One entry alone does not decide for the other; a string is not true.
+    assert len(problems(["left", "right"], left={"gpus": [], "share_gpus": True})) == 1
+    assert len(problems(["left", "right"], left={"gpus": [], "share_gpus": "yes"}, right={"share_gpus": True})) == 1
+    # Sharing GPUs does not let them share a port or a unit.
+    found = problems(["left", "right"], left=dict(shared["left"], port=30012), right=shared["right"])
+    assert len(found) == 1 and "both listen on port 30012" in found[0], found
 
 
 def test_the_same_port_and_the_same_unit_are_refused():
