@@ -7,7 +7,10 @@ the journal and /var/lib/modelwake/<unit>/failed-starts.json name the loop, the 
 failed starts, and playbooks/status.yml and `python -m modelwake_runner status` say "crash loop: 3
 failed starts in ..., each AttributeError: ..., stopped". Then, started again: one error twice and
 another three times: the other error starts the count again, so the loop is stopped only at the fifth
-start, on the second error. The guest is destroyed afterwards, also when a test fails.
+start, on the second error. After a failure, the deploy's next move: the same deploy again refuses to
+start the stopped loop, quoting it, and starts it with model_service_retry_failed_start=true; a changed
+deploy whose restart fails stops the unit (no start of Restart= after the play), and the same deploy
+again refuses, quoting that start's cause. The guest is destroyed afterwards, also when a test fails.
 """
 import json
 import os
@@ -183,3 +186,64 @@ def test_another_error_starts_the_count_again(guest):
     assert kept["consecutive"] == 3 and kept["stopped"]["message"].startswith("crash loop: 3 failed starts in ")
     assert ", each %s" % OOM in kept["stopped"]["message"]
     assert (metric("modelwake_failed_starts_total"), metric("modelwake_crash_loop")) == (8, 1)
+
+
+def engine_starts(journal):
+    return len(re.findall(r"modelwake: engine started as pid \d+", journal))
+
+
+def journal_cursor():
+    return on_guest("journalctl -n 0 --show-cursor -o cat | sed -n 's/^-- cursor: //p'")
+
+
+def journal_after(cursor):
+    return on_guest("journalctl -u %s -o cat --after-cursor '%s'" % (UNIT, cursor))
+
+
+def test_a_deploy_that_changes_nothing_refuses_the_stopped_loop_and_the_retry_variable_starts_it(guest):
+    # The loop the test above stopped: the same deploy again would start a new loop of the same failure.
+    assert unit_state()["ExecMainStatus"] == "7"
+    on_guest("rm -f %s" % QUEUE)  # were the unit started, it would now come up: the refusal alone keeps it down
+    cursor = journal_cursor()
+    rc, out = play(guest, "deploy-k26.yml")
+    flat = " ".join(out.split())
+    assert rc == 2 and "is down after a failed start and nothing it runs from changed since" in flat, out[-4000:]
+    assert re.search(r"crash loop: 3 failed starts in \w+, each %s" % re.escape(OOM), flat), flat[-4000:]
+    assert "(3 failed starts in a row; journalctl -u %s)" % UNIT in flat, flat[-4000:]
+    assert "changed: [" not in out, out[-4000:]
+    assert unit_state()["ActiveState"] == "failed" and engine_starts(journal_after(cursor)) == 0
+    # Told to: started as it is, and ready.
+    rc, out = play(guest, "deploy-k26.yml", "-e", "model_service_retry_failed_start=true")
+    assert rc == 0, out[-4000:]
+    assert unit_state()["ActiveState"] == "active" and record()["consecutive"] == 0
+
+
+def test_a_failed_restart_stops_the_unit_so_no_start_follows_the_play_and_the_same_deploy_refuses(guest):
+    on_guest("cat > %s && chmod 0644 %s" % (QUEUE, QUEUE), stdin=LOADING + "\n")  # every start runs out of memory
+    slower = ["-e", json.dumps({"model_service_extra_args": FAST[:-2] + ["--warmup-seconds", "2"]})]
+    cursor = journal_cursor()
+    rc, out = play(guest, "deploy-k26.yml", *slower)
+    flat = " ".join(out.split())
+    assert rc == 2 and OOM in flat, flat[-4000:]
+    assert "%s was stopped after this failed start, so that systemd starts no load after the play" % UNIT in flat, \
+        flat[-4000:]
+    # Restart= would start it again within RestartSec (1 s; here a start fails faster than the wait's verdict,
+    # so Restart= may have made one before the stop): nothing starts after the play.
+    starts = engine_starts(journal_after(cursor))
+    time.sleep(5)
+    assert unit_state()["ActiveState"] in ("inactive", "failed"), unit_state()
+    assert starts >= 1 and engine_starts(journal_after(cursor)) == starts, journal_after(cursor)
+    # The same deploy again: refused in seconds, quoting the failed start.
+    started = time.monotonic()
+    rc, out = play(guest, "deploy-k26.yml", *slower)
+    flat = " ".join(out.split())
+    assert rc == 2 and "Its last start failed: %s" % OOM in flat, flat[-4000:]
+    # (The last start may have been stopped before it failed: the record counts the ones that did.)
+    counted = re.search(r"\((\d+) failed starts? in a row; journalctl -u %s\)" % UNIT, flat)
+    assert counted and 1 <= int(counted.group(1)) <= starts, flat[-4000:]
+    assert engine_starts(journal_after(cursor)) == starts
+    print("the refused deploy took %.1f s" % (time.monotonic() - started))
+    # The cause fixed outside what the deploy sees: the retry variable starts it.
+    on_guest("rm -f %s" % QUEUE)
+    rc, out = play(guest, "deploy-k26.yml", "-e", "model_service_retry_failed_start=true", *slower)
+    assert rc == 0 and unit_state()["ActiveState"] == "active", out[-4000:]
