@@ -8,6 +8,7 @@ import pytest
 from plugins.module_utils.host import start_history
 from plugins.module_utils.readiness import history
 from plugins.module_utils.readiness.verdict import Verdict
+from tests.helpers.traces import SGLANG_PREFIX, Trace, config, replay
 
 
 def record(loading, initializing, starting=20.0, silences=(5.0, 30.0, 400.0), unit="sglang-k26",
@@ -146,3 +147,27 @@ def test_the_record_file_is_bounded_and_skips_what_is_not_a_record(tmp_path):
 def test_an_unwritable_record_is_an_error_text_not_an_exception(tmp_path):
     error = start_history.append_record(str(tmp_path / "missing" / "starts.jsonl"), {"n": 1})
     assert error.startswith("start history ") and "could not be written" in error
+
+
+@pytest.mark.parametrize("reached,steps", [
+    ("starting", [dict(lines=["server_args=ServerArgs(model_path='/m')"]), dict(cpu=1), dict(alive=False)]),
+    ("loading", [dict(lines=["server_args=ServerArgs(model_path='/m')"]),
+                 dict(cpu=1, lines=[SGLANG_PREFIX + "Load weight begin. avail mem=85 GB"]), dict(alive=False)]),
+    ("initializing", [dict(lines=["server_args=ServerArgs(model_path='/m')"]),
+                      dict(cpu=1, lines=[SGLANG_PREFIX + "Load weight begin. avail mem=85 GB"]),
+                      dict(cpu=2, lines=[SGLANG_PREFIX + "Load weight end. type=DeepseekV3ForCausalLM, avail mem=20 GB"]),
+                      dict(alive=False)]),
+])
+def test_a_failed_start_is_recorded_with_its_real_duration_and_the_phase_it_reached(reached, steps):
+    # Looks every 5 s; the start fails at the last one. Each phase lasts until the next began (not until its
+    # own last look), so the record's verdict_after is the failure's time, whatever phase it ended in.
+    trace = Trace()
+    verdicts = replay(config(engine="sglang"), [trace.step(5 * i, **step) for i, step in enumerate(steps)])
+    observer = history.StartObserver()
+    for t, verdict in verdicts:
+        observer.observe(t, verdict)
+    made = observer.record("u", "sglang", "0.5.4", "/m", None, 1.7e9, {"gpus": [0], "page_cache": "cold"})
+    failed_at = verdicts[-1][0]
+    assert made["verdict"] == "failed" and failed_at == 5 * (len(steps) - 1), verdicts[-1][1]
+    assert made["phases"][-1]["phase"] == reached, made["phases"]
+    assert made["verdict_after"] == failed_at, made["phases"]

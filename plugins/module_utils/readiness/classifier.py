@@ -285,6 +285,10 @@ class Classifier(object):
     def _enter(self, phase, t):
         phases = self.state.phases
         if not phases or phases[-1]["phase"] != phase:
+            if phases:
+                # The phase before lasted until this one began, not until its own last look: a start that
+                # fails 5.8 s into `starting`, seen at its first look and then at the failure, was 5.8 s long.
+                phases[-1]["duration"] = max(0.0, round(t - phases[-1]["start"], 1))
             phases.append({"phase": phase, "start": round(t, 1), "duration": 0.0})
         phases[-1]["duration"] = max(0.0, round(t - phases[-1]["start"], 1))  # start is rounded too
         self.state.phase = phase
