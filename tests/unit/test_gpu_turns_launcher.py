@@ -30,11 +30,11 @@ def host(tmp_path):
     listener.close()
 
 
-def launch(host, started):
+def launch(host, started, *options):
     argv = [sys.executable, os.path.join(host["env"]["PYTHONPATH"], "modelwake-launch"),
             "--url", "http://127.0.0.1:%d" % free_port(), "--engine", "sglang", "--ready-check", "health",
             "--gpus", "0", "--gpu-turns", host["turns"], "--poll-interval", "1", "--stall-timeout", "60",
-            "--name", "sglang-b.service", "--", sys.executable, "-c", ENGINE, started]
+            "--name", "sglang-b.service"] + list(options) + ["--", sys.executable, "-c", ENGINE, started]
     return subprocess.Popen(argv, env=host["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             universal_newlines=True)
 
@@ -84,3 +84,33 @@ def test_a_stop_while_it_waits_ends_it_cleanly_without_an_engine(host):
             proc.kill()
     assert proc.returncode == 0, output
     assert not os.path.exists(started)
+
+
+def test_the_prefetch_reads_only_once_the_turn_is_taken(host):
+    # Two starts on one GPU never read their models at once: the prefetch is inside the turn.
+    model = host["tmp"] / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model-00001-of-00001.safetensors").write_bytes(os.urandom(4 * 2 ** 20))
+    os.makedirs(host["turns"])
+    other = TurnLocks(host["turns"], [0])
+    assert other.try_take(0)
+    other.write_holder("sglang-a.service", 4242)
+    started = str(host["tmp"] / "engine-started")
+    proc = launch(host, started, "--model-path", str(model), "--prefetch", "on")
+    try:
+        assert host["listener"].wait_for("STATUS", 30, lambda value: "waiting for its turn on GPU 0" in value)
+        other.release()
+        assert poll(lambda: os.path.exists(started), 30), host["listener"].fields("STATUS")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, output
+    said = [line for line in output.splitlines() if "took its turn on GPU 0" in line or "prefetch" in line
+            or "engine started as pid" in line]
+    assert len(said) >= 3 and "took its turn on GPU 0" in said[0] and "prefetch done" in said[-2], output
+    assert "engine started as pid" in said[-1], output
+    # While it waited for the turn, systemd never heard of a prefetch.
+    statuses = [value for _at, value in host["listener"].fields("STATUS")]
+    waited = [i for i, value in enumerate(statuses) if "waiting for its turn" in value]
+    assert waited and not any("prefetch" in value for value in statuses[:waited[-1] + 1]), statuses

@@ -3,7 +3,8 @@ the engine starts.
 
 Here, in the launcher, so that every start gets it, a systemd restart as much as a deploy's, and a
 start that does not happen (a deploy that changes nothing restarts nothing) reads nothing. The step
-runs after the start's turn on its GPUs and before the engine process exists:
+runs inside the start's turn on its GPUs (launcher/gpu_turns.py), after the turn is taken and before the
+engine process exists, so that two starts on the same GPUs never read their models at once:
   off   reads nothing and says nothing;
   on    reads every weight file (host/prefetch.py: parallel large reads, O_RDONLY only);
   auto  reads them only when the host's MemAvailable holds the model with a margin (else the read

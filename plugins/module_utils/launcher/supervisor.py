@@ -117,16 +117,6 @@ class Launcher(object):
         self.crash_loop = CrashLoopGuard(options.state_dir, options.crash_loop_starts, self.log, self.wall_clock)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
-        # The prefetch needs no GPU: it reads before the start takes its turn on them, beside another's load.
-        try:  # launcher/prefetch_step.py: the model into the page cache, before the engine exists
-            if not PrefetchStep(options, notifier, self.log, config.stall_timeout,
-                                stopping=lambda: self.stop_signal is not None).run():
-                return 0  # stopped while it read: nothing was started
-        except PrefetchError as exc:
-            self.log("failed: %s" % exc)
-            notifier.status("failed: %s" % exc)
-            return exit_status_when_held(options.hold_dir, options.name,
-                                         self.crash_loop.failed("failed: %s" % exc, [], EXIT_PREFETCH), self.log)
         try:
             if options.gpu_turns and not self._take_gpu_turn(notifier, config):
                 return 0  # stopped while it waited: nothing was started
@@ -134,6 +124,19 @@ class Launcher(object):
             self.log("failed: %s" % exc)
             notifier.status("failed: %s" % exc)
             return self.crash_loop.failed("failed: %s" % exc, [], EXIT_FAILED)
+        # The prefetch inside the turn: two starts on the same GPUs never read their models at once (each
+        # would compete for the disk and evict the other's pages), and the next waits until this one is loaded.
+        try:  # launcher/prefetch_step.py: the model into the page cache, before the engine exists
+            if not PrefetchStep(options, notifier, self.log, config.stall_timeout,
+                                stopping=lambda: self.stop_signal is not None).run():
+                self._release_turn()
+                return 0  # stopped while it read: nothing was started
+        except PrefetchError as exc:
+            self._release_turn()
+            self.log("failed: %s" % exc)
+            notifier.status("failed: %s" % exc)
+            return exit_status_when_held(options.hold_dir, options.name,
+                                         self.crash_loop.failed("failed: %s" % exc, [], EXIT_PREFETCH), self.log)
         try:
             self.engine = Engine(options.command, engine_environment(self.environ), self.out)
         except OSError as exc:
@@ -155,6 +158,12 @@ class Launcher(object):
             if self.turns is not None:
                 self.turns.release()
             notifier.close()
+
+    def _release_turn(self):
+        """The next start on these GPUs may go (also done by the lock's end with this process)."""
+        if self.turns is not None:
+            self.turns.release()
+            self.turns = None
 
     def _take_gpu_turn(self, notifier, config):
         """launcher/gpu_turns.py: the start's turn on its GPUs and their memory; False when stopped meanwhile."""
