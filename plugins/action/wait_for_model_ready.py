@@ -251,4 +251,8 @@ class ActionModule(ActionBase):
         reply.setdefault("changed", False)
         if line and not self._task.no_log:
             reply["progress"] = line.split(": ", 1)[1]
+        if done and reply.get("phase") != "ready" and (self._task.retries or 0) > 0 and not self._task.no_log:
+            # A wait retried on the next start (model_service_failed_start: retry): Ansible's retry line shows
+            # no result, so each failed start's verdict is said here.
+            display.display("wait_for_model_ready [%s]: %s" % (host, reply.get("msg")), stderr=to_stderr)
         return reply

@@ -247,3 +247,17 @@ def test_a_failed_restart_stops_the_unit_so_no_start_follows_the_play_and_the_sa
     on_guest("rm -f %s" % QUEUE)
     rc, out = play(guest, "deploy-k26.yml", "-e", "model_service_retry_failed_start=true", *slower)
     assert rc == 0 and unit_state()["ActiveState"] == "active", out[-4000:]
+
+
+def test_with_retry_the_deploy_follows_restarts_until_a_start_is_ready(guest):
+    # A cause that passes: the first start runs out of memory, the next one comes up.
+    on_guest("cat > %s && chmod 0644 %s" % (QUEUE, QUEUE), stdin=LOADING + "\n\n")
+    changed = ["-e", json.dumps({"model_service_extra_args": FAST[:-2] + ["--warmup-seconds", "3"],
+                                 "model_service_failed_start": "retry"})]
+    cursor = journal_cursor()
+    rc, out = play(guest, "deploy-k26.yml", *changed)
+    flat = " ".join(out.split())
+    assert rc == 0, flat[-4000:]
+    assert flat.count("FAILED - RETRYING: [%s]: Wait for the restarted model service to be ready" % GUEST) == 1, flat[-4000:]
+    assert "%s: ready on start 2, after 1 failed start(s) that Restart= followed" % UNIT in flat, flat[-4000:]
+    assert unit_state()["ActiveState"] == "active" and engine_starts(journal_after(cursor)) == 2
