@@ -201,7 +201,10 @@ def journal_after(cursor):
 
 
 def test_a_deploy_that_changes_nothing_refuses_the_stopped_loop_and_the_retry_variable_starts_it(guest):
-    # The loop the test above stopped: the same deploy again would start a new loop of the same failure.
+    # The loop the test above stopped (stopped again here on a rerun, whose failed try may have started the
+    # unit): the same deploy again would start a new loop of the same failure.
+    if unit_state()["ExecMainStatus"] != "7":
+        start_failing([LOADING])
     assert unit_state()["ExecMainStatus"] == "7"
     on_guest("rm -f %s" % QUEUE)  # were the unit started, it would now come up: the refusal alone keeps it down
     cursor = journal_cursor()
