@@ -155,8 +155,7 @@ class Launcher(object):
         finally:
             if self.engine is not None and not self.engine.exited.is_set():
                 self.engine.stop(min(options.stop_timeout, 10))
-            if self.turns is not None:
-                self.turns.release()
+            self._release_turn()
             notifier.close()
 
     def _release_turn(self):
@@ -197,8 +196,7 @@ class Launcher(object):
 
         result = wait_for_ready(config, probe, clock=self.clock, sleep=self._sleep, on_snapshot=on_snapshot,
                                 memory=getattr(options, "start_memory", None))
-        if self.turns is not None:
-            self.turns.release()  # the verdict is in: the next start on these GPUs may go
+        self._release_turn()  # the verdict is in: the next start on these GPUs may go
         for warning in result.get("warnings", []):
             self.log("warning: %s" % warning)
         if result["phase"] != READY:
