@@ -311,3 +311,19 @@ def test_the_same_status_without_a_running_unit_is_not_a_wait():
     stale = waiting_status("waiting for GPU 0's memory to be released by pid 4242 (old.service, stopping)")
     _t, final = replay(cfg, [trace.step(0, unit=launcher_unit(stale, state="inactive", sub="dead"), alive=False)])[-1]
     assert final.phase == "not_started" and "the launcher is" not in final.msg
+
+
+def test_a_start_waiting_for_the_disk_is_starting_and_never_stalled():
+    # The negative control of the stall rule for the disk turn (launcher/prefetch_step.py): a start whose
+    # prefetch waits twenty minutes behind another start's read is starting, never stalled.
+    cfg = config(unit="sglang-b.service", stall_timeout=60)
+    trace = Trace(pids=(900,))
+    waiting = waiting_status("waiting for the disk: sglang-a.service (pid 4242) is prefetching its model")
+    steps = [trace.step(t, unit=launcher_unit(waiting), alive=False) for t in range(0, 1200, 5)]
+    t_end, final = replay(cfg, steps)[-1]
+    assert t_end == 1195 and not final.terminal and final.phase == "starting"
+    assert final.msg.endswith("; the launcher is waiting for the disk: sglang-a.service (pid 4242) is prefetching "
+                              "its model")
+    started = launcher_unit("starting the engine")
+    after = replay(cfg, steps + [trace.step(t, unit=started, alive=False) for t in range(1200, 1300, 5)])
+    assert after[-1][1].phase == "stalled" and after[-1][0] == 1200 + 60

@@ -114,3 +114,60 @@ def test_the_prefetch_reads_only_once_the_turn_is_taken(host):
     statuses = [value for _at, value in host["listener"].fields("STATUS")]
     waited = [i for i, value in enumerate(statuses) if "waiting for its turn" in value]
     assert waited and not any("prefetch" in value for value in statuses[:waited[-1] + 1]), statuses
+
+
+def test_a_prefetch_waits_for_the_disk_while_a_start_on_another_gpu_reads(host):
+    # Two starts on different GPUs of one host take no GPU turn from each other, and still never read
+    # their models at once: the read takes the host's disk turn.
+    model = host["tmp"] / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model-00001-of-00001.safetensors").write_bytes(os.urandom(4 * 2 ** 20))
+    os.makedirs(host["turns"])
+    reading = TurnLocks(host["turns"], ["disk"], file_name="%s.lock")
+    assert reading.try_take("disk")
+    reading.write_holder("sglang-a.service", 4242)
+    started = str(host["tmp"] / "engine-started")
+    proc = launch(host, started, "--model-path", str(model), "--prefetch", "on")
+    try:
+        waiting = host["listener"].wait_for(
+            "STATUS", 30, lambda value: value == "starting: waiting for the disk: sglang-a.service (pid 4242) "
+                                                 "is prefetching its model")
+        assert waiting, host["listener"].fields("STATUS")
+        assert not os.path.exists(started)
+        reading.release()
+        assert poll(lambda: os.path.exists(started), 30), host["listener"].fields("STATUS")
+        # The disk is free again once its read is done: the engine's start does not hold it.
+        again = TurnLocks(host["turns"], ["disk"], file_name="%s.lock")
+        assert again.try_take("disk")
+        assert again.holder("disk") is None
+        again.release()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, output
+    said = [line for line in output.splitlines() if "disk" in line or "prefetch done" in line]
+    assert "waiting for the disk: sglang-a.service (pid 4242)" in said[0], output
+    assert "took the disk after" in said[1] and "prefetch done" in said[2], output
+
+
+def test_a_stop_while_it_waits_for_the_disk_starts_no_engine(host):
+    model = host["tmp"] / "model"
+    model.mkdir()
+    (model / "model-00001-of-00001.safetensors").write_bytes(os.urandom(2 ** 20))
+    os.makedirs(host["turns"])
+    reading = TurnLocks(host["turns"], ["disk"], file_name="%s.lock")
+    assert reading.try_take("disk")
+    started = str(host["tmp"] / "engine-started")
+    proc = launch(host, started, "--model-path", str(model), "--prefetch", "on")
+    try:
+        assert host["listener"].wait_for("STATUS", 30, lambda value: "waiting for the disk" in value)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+    finally:
+        reading.release()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output
+    assert not os.path.exists(started)
+    assert "a stop was asked for while it waited for the disk" in output, output

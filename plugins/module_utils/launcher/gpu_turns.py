@@ -104,18 +104,20 @@ def turn_message(gpu, holder, holder_phase):
 
 
 class TurnLocks(object):
-    """The per-GPU lock files: `gpu-<index>.lock` in the shared directory, each holding the JSON
-    {unit, pid} of the start that holds it."""
+    """Lock files in the shared directory, each holding the JSON {unit, pid} of the start that holds it:
+    the per-GPU turns `gpu-<index>.lock`, and with file_name="%s.lock" the host's one disk turn
+    (launcher/prefetch_step.py: `disk.lock`)."""
 
-    def __init__(self, directory, gpus):
+    def __init__(self, directory, gpus, file_name="gpu-%s.lock"):
         self.directory = directory
         self.gpus = sorted(gpus)
-        self.fds = {}  # GPU index -> open fd (locked or not yet)
+        self.file_name = file_name
+        self.fds = {}  # GPU index (or the disk's key) -> open fd (locked or not yet)
         self.held = []  # GPU indices locked, in order
 
     def _fd(self, gpu):
         if gpu not in self.fds:
-            path = os.path.join(self.directory, "gpu-%d.lock" % gpu)
+            path = os.path.join(self.directory, self.file_name % gpu)
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o660)
                 try:

@@ -4,7 +4,10 @@ the engine starts.
 Here, in the launcher, so that every start gets it, a systemd restart as much as a deploy's, and a
 start that does not happen (a deploy that changes nothing restarts nothing) reads nothing. The step
 runs inside the start's turn on its GPUs (launcher/gpu_turns.py), after the turn is taken and before the
-engine process exists, so that two starts on the same GPUs never read their models at once:
+engine process exists, so that two starts on the same GPUs never read their models at once; and a read
+takes the host's disk turn (DiskTurn: one lock file beside the GPU turns', with --gpu-turns), so that two
+starts on different GPUs of one host never read theirs at once either (each would halve the other's
+rate and evict the other's pages; the second reads after the first, at the disk's whole rate):
   off   reads nothing and says nothing;
   on    reads every weight file (host/prefetch.py: parallel large reads, O_RDONLY only);
   auto  reads them only when the host's MemAvailable holds the model with a margin (else the read
@@ -25,12 +28,14 @@ would call the engine's real load, from the page cache afterwards, initializing.
 damaged or truncated shard, EIO) or a stall ends the launcher with EXIT_PREFETCH and a message
 naming the shard, recorded like any failed start (the crash-loop guard stops a repeated one).
 """
+import os
 import time
 
 from ..common.errors import ModelWakeError
 from ..common.formatting import duration, size
 from ..host import prefetch, storage
 from ..readiness.status import waiting_status
+from .gpu_turns import POLL_SECONDS, SAY_EVERY, TurnLocks
 
 MODES = ("auto", "on", "off")
 LOG_EVERY = 10.0  # seconds between two progress lines in the journal (STATUS= follows every report)
@@ -76,6 +81,69 @@ def decide(mode, files, margin, meminfo_path=storage.MEMINFO):
     return read, reason
 
 
+DISK_TURN = "disk"  # the lock file disk.lock in the turns directory
+
+
+def disk_turn_message(holder):
+    """`waiting for the disk: sglang-a.service (pid 4242) is prefetching its model`."""
+    if not holder:
+        return "waiting for the disk: another start is prefetching its model"
+    return "waiting for the disk: %s (pid %s) is prefetching its model" % (
+        holder.get("unit") or "a process", holder.get("pid", "?"))
+
+
+class DiskTurn(object):
+    """The host's one turn to prefetch: `disk.lock` in the directory the GPU turns share (--gpu-turns),
+    held from the first byte of a prefetch to its last. Without that directory there is no turn. A lock
+    dies with its process: a killed launcher holds no turn."""
+
+    def __init__(self, directory, unit, notifier, log, extend_seconds, clock=time.monotonic, sleep=time.sleep):
+        self.directory = directory
+        self.unit = unit
+        self.notifier = notifier
+        self.log = log
+        self.extend_seconds = extend_seconds
+        self.clock = clock
+        self.sleep = sleep
+        self.locks = None
+
+    def take(self, stopping):
+        """True once this start holds the disk (or goes without a turn), False when a stop came first."""
+        if not self.directory:
+            return True
+        start, said_at, said = self.clock(), None, None
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            self.locks = TurnLocks(self.directory, [DISK_TURN], file_name="%s.lock")
+            while not self.locks.try_take(DISK_TURN):
+                if stopping():
+                    self.release()
+                    return False
+                text = disk_turn_message(self.locks.holder(DISK_TURN))
+                if text != said:
+                    self.log(text)
+                if text != said or self.clock() - said_at >= SAY_EVERY:
+                    # Like the GPU turn's wait: the wait module reads it as the launcher's, not a stall.
+                    self.notifier.send("STATUS=" + waiting_status(text),
+                                       "EXTEND_TIMEOUT_USEC=%d" % int(self.extend_seconds * 1000000))
+                    said, said_at = text, self.clock()
+                self.sleep(POLL_SECONDS)
+        except OSError as exc:
+            # A start is never refused for want of a lock file: it only reads without its turn.
+            self.log("disk turn: cannot use %s (%s): prefetching without waiting for a turn" % (self.directory, exc))
+            self.release()
+            return True
+        self.locks.write_holder(self.unit, os.getpid())
+        if said is not None:
+            self.log("took the disk after %s" % duration(self.clock() - start))
+        return True
+
+    def release(self):
+        if self.locks is not None:
+            self.locks.release()
+            self.locks = None
+
+
 class PrefetchStep(object):
     """One start's prefetch: run() returns True to go on with the engine's start, False when a stop
     was asked for meanwhile; raises prefetch.PrefetchError (a shard's read error, a stall)."""
@@ -108,9 +176,16 @@ class PrefetchStep(object):
             self._say(reason)
             return True
         self.log(reason)
-        self.last_progress_t = self.last_log_t = self.clock()
-        result = prefetch.prefetch(files, progress=self._progress, progress_interval=self.progress_interval,
-                                   clock=self.clock, stopping=self.stopping)
+        turn = DiskTurn(self.options.gpu_turns, self.options.name, self.notifier, self.log, self.options.extend_timeout)
+        if not turn.take(self.stopping):
+            self.log("prefetch not begun: a stop was asked for while it waited for the disk")
+            return False
+        try:
+            self.last_progress_t = self.last_log_t = self.clock()
+            result = prefetch.prefetch(files, progress=self._progress, progress_interval=self.progress_interval,
+                                       clock=self.clock, stopping=self.stopping)
+        finally:
+            turn.release()
         if result["stopped"]:
             self.log("prefetch stopped after %s: a stop was asked for" % size(result["bytes"]))
             return False

@@ -12,6 +12,7 @@ STATUS_CHARS characters, and its first word says the phase:
   initializing: <marker> (since 1m05s)
   starting: waiting for GPU 2's memory to be released by pid 4242 (sglang-a.service, stopping)
   starting: waiting for its turn on GPU 2: sglang-a.service (pid 4242) is starting (loading)
+  starting: waiting for the disk: sglang-a.service (pid 4242) is prefetching its model
   starting: prefetching 12.0 GiB of 548.0 GiB (2%), 6.8 GB/s, ETA 1m18s
                                                        the launcher waits (or reads the model into the
                                                        page cache: launcher/prefetch_step.py) before it
@@ -160,17 +161,20 @@ def status_phase(status_text):
 
 
 # The launcher waits before it starts the engine (launcher/gpu_turns.py): for a stopped instance's GPU
-# memory, or for its turn on a GPU another start holds. Its own clock bounds the first, the other
-# start's verdict the second: the reader must not take the engine's silence for a stall meanwhile.
+# memory, for its turn on a GPU another start holds, or for the disk another start's prefetch reads
+# (launcher/prefetch_step.py). Its own clock bounds the first, the other start's verdict or read the
+# others: the reader must not take the engine's silence for a stall meanwhile.
 WAITING_PREFIX = STARTING + ": "
 # Its prefetch (launcher/prefetch_step.py) is bounded by its own stall rule the same way.
-WAITING = re.compile(r"^" + re.escape(WAITING_PREFIX) + r"(waiting for (?:GPU \d+'s memory to be released|its turn on GPU \d+)\b.*"
+WAITING = re.compile(r"^" + re.escape(WAITING_PREFIX)
+                     + r"(waiting for (?:GPU \d+'s memory to be released\b|its turn on GPU \d+\b|the disk: ).*"
                      r"|prefetching [\d.]+ \S+ of [\d.]+ \S+ \(\d+%\).*)$")
 
 
 def waiting_status(what):
     """The STATUS= text of a launcher that waits before it starts the engine; `what` begins with
-    "waiting for GPU <n>'s memory to be released" or "waiting for its turn on GPU <n>"."""
+    "waiting for GPU <n>'s memory to be released", "waiting for its turn on GPU <n>" or "waiting for the
+    disk:", or is its prefetch's progress."""
     return (WAITING_PREFIX + one_line(what))[:STATUS_CHARS]
 
 
