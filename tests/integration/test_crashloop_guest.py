@@ -11,6 +11,7 @@ start, on the second error. After a failure, the deploy's next move: the same de
 start the stopped loop, quoting it, and starts it with model_service_retry_failed_start=true; a changed
 deploy whose restart fails stops the unit (no start of Restart= after the play), and the same deploy
 again refuses, quoting that start's cause, and a changed catalog entry starts it, the play naming the change.
+The start history (starts.jsonl) keeps a failed start of each phase with the phase it reached and its real duration.
 The guest is destroyed afterwards, also when a test fails.
 """
 import json
@@ -50,6 +51,8 @@ FAST = ["--disable-cuda-graph", "--load-rate-mib", "64", "--start-seconds", "1",
         "--warmup-seconds", "1"]
 STARTING = "--fault crash1:starting"  # AttributeError: type object 'CompressionFormat' has no attribute ...
 LOADING = "--fault crash1:loading"  # torch.OutOfMemoryError: CUDA out of memory. ...
+INITIALIZING = "--fault crash1:initializing"  # RuntimeError: CUDA error: an illegal memory access was encountered
+HISTORY = "/var/lib/modelwake/%s/starts.jsonl" % UNIT
 ATTRIBUTE = "AttributeError: type object 'CompressionFormat' has no attribute 'nvfp4_pack_quantized'"
 OOM = "torch.OutOfMemoryError: CUDA out of memory."
 
@@ -267,3 +270,29 @@ def test_with_retry_the_deploy_follows_restarts_until_a_start_is_ready(guest):
     assert flat.count("FAILED - RETRYING: [%s]: Wait for the restarted model service to be ready" % GUEST) == 1, flat[-4000:]
     assert "%s: ready on start 2, after 1 failed start(s) that Restart= followed" % UNIT in flat, flat[-4000:]
     assert unit_state()["ActiveState"] == "active" and engine_starts(journal_after(cursor)) == 2
+
+
+def test_the_history_keeps_each_failed_start_with_the_phase_it_reached_and_its_real_duration(guest):
+    # The tests above failed starts in `starting` and `loading`; one more fails in `initializing`, then the
+    # next start comes up.
+    on_guest("cat > %s && chmod 0644 %s" % (QUEUE, QUEUE), stdin=INITIALIZING + "\n\n")
+    cursor = journal_cursor()
+    on_guest("systemctl restart --no-block %s" % UNIT)
+    until("a start ready after the failed one",
+          lambda: engine_starts(journal_after(cursor)) == 2 and unit_state()["SubState"] == "running"
+          and "ready in" in on_guest("systemctl show -p StatusText --value %s" % UNIT), timeout=120)
+    records = [json.loads(line) for line in on_guest("cat %s" % HISTORY).splitlines()]
+    assert records[-1]["verdict"] == "ready", records[-1]
+    failed = {}
+    for entry in records:
+        if entry["verdict"] == "failed":
+            failed.setdefault(entry["phases"][-1]["phase"], entry)
+    assert sorted(failed) == ["initializing", "loading", "starting"], [
+        (entry["verdict"], entry["verdict_after"], [(step["phase"], step["duration"]) for step in entry["phases"]])
+        for entry in records]
+    for phase, entry in failed.items():
+        # Each phase lasted until the next began, the last one until the verdict: none of them 0 s, and
+        # together the whole start as the launcher watched it (from its first look).
+        durations = [step["duration"] for step in entry["phases"]]
+        assert all(duration > 0 for duration in durations), (phase, entry)
+        assert abs(sum(durations) - entry["verdict_after"]) <= 0.2, (phase, entry)

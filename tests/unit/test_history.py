@@ -8,7 +8,7 @@ import pytest
 from plugins.module_utils.host import start_history
 from plugins.module_utils.readiness import history
 from plugins.module_utils.readiness.verdict import Verdict
-from tests.helpers.traces import SGLANG_PREFIX, Trace, config, replay
+from tests.helpers.traces import SGLANG_PREFIX, Trace, config, http, replay
 
 
 def record(loading, initializing, starting=20.0, silences=(5.0, 30.0, 400.0), unit="sglang-k26",
@@ -171,3 +171,43 @@ def test_a_failed_start_is_recorded_with_its_real_duration_and_the_phase_it_reac
     assert made["verdict"] == "failed" and failed_at == 5 * (len(steps) - 1), verdicts[-1][1]
     assert made["phases"][-1]["phase"] == reached, made["phases"]
     assert made["verdict_after"] == failed_at, made["phases"]
+
+
+@pytest.mark.parametrize("reached,last", [
+    # The crash line in the same look as the marker of the phase it crashed in (faster than one interval).
+    ("loading", dict(alive=False, lines=[SGLANG_PREFIX + "Load weight begin. avail mem=85 GB",
+                                         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB."])),
+    ("initializing", dict(alive=False, lines=[
+        SGLANG_PREFIX + "Load weight begin. avail mem=85 GB",
+        SGLANG_PREFIX + "Load weight end. type=DeepseekV3ForCausalLM, avail mem=20 GB",
+        "RuntimeError: CUDA error: an illegal memory access was encountered"])),
+])
+def test_a_start_that_fails_in_the_look_that_sees_its_phase_is_recorded_in_that_phase(reached, last):
+    # Looks every 5 s: at 0 the run began, at 5 the log says the next phase began and the start failed. The
+    # record says the phase it reached (from between the two looks), not the one the previous look saw.
+    trace = Trace()
+    verdicts = replay(config(engine="sglang"), [trace.step(0, lines=["server_args=ServerArgs(model_path='/m')"]),
+                                                trace.step(5, **last)])
+    observer = history.StartObserver()
+    for t, verdict in verdicts:
+        observer.observe(t, verdict)
+    made = observer.record("u", "sglang", "0.5.4", "/m", None, 1.7e9, {"gpus": [0], "page_cache": "cold"})
+    assert made["verdict"] == "failed", verdicts[-1][1]
+    assert [(entry["phase"], entry["duration"]) for entry in made["phases"]] == [("starting", 2.5), (reached, 2.5)]
+    assert made["verdict_after"] == 5
+
+
+def test_a_ready_check_that_passes_at_the_first_look_in_initializing_records_that_phase():
+    trace = Trace()
+    steps = [trace.step(0, lines=["server_args=ServerArgs(model_path='/m')"]),
+             trace.step(5, cpu=1, lines=[SGLANG_PREFIX + "Load weight begin. avail mem=85 GB",
+                                         SGLANG_PREFIX + "Load weight end. type=DeepseekV3ForCausalLM, avail mem=20 GB",
+                                         "The server is fired up and ready to roll!"],
+                        http_result=http(200, models=200, completion=200, ready=True))]
+    verdicts = replay(config(engine="sglang"), steps)
+    observer = history.StartObserver()
+    for t, verdict in verdicts:
+        observer.observe(t, verdict)
+    made = observer.record("u", "sglang", "0.5.4", "/m", None, 1.7e9, {"gpus": [0], "page_cache": "cold"})
+    assert made["verdict"] == "ready", verdicts[-1][1]
+    assert [(entry["phase"], entry["duration"]) for entry in made["phases"]] == [("starting", 2.5), ("initializing", 2.5)]

@@ -32,7 +32,7 @@ it progress. Without stacks, CPU counts as before.
 """
 from . import engines, events as look_events, rules, wording
 from .details import fill
-from .phases import INITIALIZING, LOADING, NOT_STARTED, PHASES, READY, STARTING, later
+from .phases import INITIALIZING, LOADING, NOT_STARTED, PHASES, READY, STARTING, later, order
 from .stack_summary import summarize
 from .state import ClassifierState
 from .verdict import Verdict
@@ -111,6 +111,15 @@ class Classifier(object):
             self._judge_progress(t, first, progress, spinning, work_rate, snap)
             look.phase, look.quiet, look.where = phase, t - st.last_progress_t, self._where_note(t)
             verdict = self._ready(look) or rules.judge(rules.HANG_RULES, look) or self._in_phase(look)
+            reached = phase
+        else:
+            reached = self._phase_the_log_reached()
+        if not first and verdict.phase != reached and reached in PHASES and order(reached) > order(st.phase):
+            # The look that ends a start it watched also saw it reach a later phase (a crash 2 s into loading,
+            # between two looks; a ready check that passed at the first look in initializing): that phase is
+            # the one the start reached, from between the two looks (where in between, no look can tell). A
+            # first look that finds the end (a server already ready, a unit already failed) saw no phase.
+            self._enter(reached, round((st.t_prev - st.t0 + t) / 2.0, 1))
         self._enter(verdict.phase, t)
         st.t_prev = snap.t
         return fill(verdict, st, cfg, t, snap, self._recent_stacks(t), self._where_note(t))
@@ -203,6 +212,14 @@ class Classifier(object):
         if http is not None and http.listening:
             phase = later(phase, INITIALIZING)  # the port answers only after loading
         return phase
+
+    def _phase_the_log_reached(self):
+        """The furthest phase the run's log markers and the launcher's STATUS= reached; None without either
+        (a start that ended before it said anything reached no phase the look can name)."""
+        st = self.state
+        if st.marker_phase is None and st.status_phase is None:
+            return None
+        return later(st.marker_phase or STARTING, st.status_phase)
 
     def _silent_load_possible(self):
         """Whether disk reads or GPU memory may stand for loading that the log does not announce."""
