@@ -270,3 +270,15 @@ def test_the_probe_says_why_a_record_could_not_be_read(tmp_path, monkeypatch):
     os.mkdir(str(tmp_path / "sglang-k26"))
     (tmp_path / "sglang-k26" / failed_starts.FILE_NAME).write_text("[1]")
     assert "not a failed-starts record" in probe_for(UNIT)._crash_loop(stopped_unit())["error"]
+
+
+def test_what_a_deploy_quotes_of_the_last_failed_start_comes_from_the_record():
+    record = failed_starts.add_failure(failed_starts.empty_record(), OOM, [OOM], 100.0, 160.0, EXIT_FAILED)
+    assert failed_starts.last_failure(json.dumps(record)) == {
+        "consecutive": 1, "cause": "Its last start failed: " + OOM}
+    record = failed_starts.add_failure(record, OOM_AGAIN, [OOM_AGAIN], 170.0, 230.0, EXIT_FAILED)
+    stopped = failed_starts.mark_stopped(record, 231.0)
+    assert failed_starts.last_failure(json.dumps(stopped)) == {"consecutive": 2, "cause": stopped["stopped"]["message"]}
+    # A start that reached ready ended the run; no record, or not one: nothing to refuse on.
+    for text in (json.dumps(failed_starts.clear_run(record)), "", "{not json", "[]", json.dumps(dict(record, version=9))):
+        assert failed_starts.last_failure(text) is None, text

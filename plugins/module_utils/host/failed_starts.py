@@ -110,3 +110,23 @@ def read_record(directory):
 def write_record(directory, record):
     """Atomically (a reader never sees half a file); raises OSError."""
     replace_file(record_path(directory), json.dumps(record, indent=1, sort_keys=True) + "\n")
+
+
+def last_failure(text):
+    """What a deploy quotes of a unit that is down after a failed start, from the record's JSON text
+    (read from the host): {"consecutive": n, "cause": words}, or None when its last start did not fail,
+    there is no record, or it is not one (a deploy is never refused on a record it cannot read: the
+    launcher starts a new one)."""
+    try:
+        record = json.loads(text) if text.strip() else {}
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or record.get("version") != VERSION:
+        return None
+    consecutive = record.get("consecutive")
+    if not isinstance(consecutive, int) or consecutive <= 0:
+        return None
+    stopped = record.get("stopped") or {}
+    starts = record.get("starts") or [{}]
+    cause = stopped.get("message") or "Its last start failed: %s" % (starts[-1].get("cause") or "see its journal")
+    return {"consecutive": consecutive, "cause": cause}
