@@ -68,36 +68,48 @@ def test_the_engine_starts_only_once_the_turn_on_its_gpu_is_free(host):
     assert "took its turn on GPU 0 after" in output
 
 
-def test_a_stop_while_it_waits_ends_it_cleanly_without_an_engine(host):
-    os.makedirs(host["turns"])
-    other = TurnLocks(host["turns"], [0])
-    assert other.try_take(0)
+def stopped_while_it_waits(host, held, waiting, *options):
+    """The launcher's output when it is stopped (SIGTERM) as soon as its STATUS= says `waiting` behind the
+    lock `held` (a TurnLocks that holds it): it ends cleanly, no engine started."""
     started = str(host["tmp"] / "engine-started")
-    proc = launch(host, started)
+    proc = launch(host, started, *options)
     try:
-        assert host["listener"].wait_for("STATUS", 30, lambda value: "waiting for its turn on GPU 0" in value)
+        assert host["listener"].wait_for("STATUS", 30, lambda value: waiting in value)
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=30)
     finally:
-        other.release()
+        held.release()
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, output
     assert not os.path.exists(started)
+    return output
+
+
+def one_shard_model(host, mib):
+    model = host["tmp"] / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model-00001-of-00001.safetensors").write_bytes(os.urandom(mib * 2 ** 20))
+    return str(model)
+
+
+def test_a_stop_while_it_waits_ends_it_cleanly_without_an_engine(host):
+    os.makedirs(host["turns"])
+    other = TurnLocks(host["turns"], [0])
+    assert other.try_take(0)
+    stopped_while_it_waits(host, other, "waiting for its turn on GPU 0")
 
 
 def test_the_prefetch_reads_only_once_the_turn_is_taken(host):
     # Two starts on one GPU never read their models at once: the prefetch is inside the turn.
-    model = host["tmp"] / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    (model / "model-00001-of-00001.safetensors").write_bytes(os.urandom(4 * 2 ** 20))
+    model = one_shard_model(host, 4)
     os.makedirs(host["turns"])
     other = TurnLocks(host["turns"], [0])
     assert other.try_take(0)
     other.write_holder("sglang-a.service", 4242)
     started = str(host["tmp"] / "engine-started")
-    proc = launch(host, started, "--model-path", str(model), "--prefetch", "on")
+    proc = launch(host, started, "--model-path", model, "--prefetch", "on")
     try:
         assert host["listener"].wait_for("STATUS", 30, lambda value: "waiting for its turn on GPU 0" in value)
         other.release()
@@ -119,16 +131,13 @@ def test_the_prefetch_reads_only_once_the_turn_is_taken(host):
 def test_a_prefetch_waits_for_the_disk_while_a_start_on_another_gpu_reads(host):
     # Two starts on different GPUs of one host take no GPU turn from each other, and still never read
     # their models at once: the read takes the host's disk turn.
-    model = host["tmp"] / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    (model / "model-00001-of-00001.safetensors").write_bytes(os.urandom(4 * 2 ** 20))
+    model = one_shard_model(host, 4)
     os.makedirs(host["turns"])
     reading = TurnLocks(host["turns"], ["disk"], file_name="%s.lock")
     assert reading.try_take("disk")
     reading.write_holder("sglang-a.service", 4242)
     started = str(host["tmp"] / "engine-started")
-    proc = launch(host, started, "--model-path", str(model), "--prefetch", "on")
+    proc = launch(host, started, "--model-path", model, "--prefetch", "on")
     try:
         waiting = host["listener"].wait_for(
             "STATUS", 30, lambda value: value == "starting: waiting for the disk: sglang-a.service (pid 4242) "
@@ -152,22 +161,9 @@ def test_a_prefetch_waits_for_the_disk_while_a_start_on_another_gpu_reads(host):
 
 
 def test_a_stop_while_it_waits_for_the_disk_starts_no_engine(host):
-    model = host["tmp"] / "model"
-    model.mkdir()
-    (model / "model-00001-of-00001.safetensors").write_bytes(os.urandom(2 ** 20))
+    model = one_shard_model(host, 1)
     os.makedirs(host["turns"])
     reading = TurnLocks(host["turns"], ["disk"], file_name="%s.lock")
     assert reading.try_take("disk")
-    started = str(host["tmp"] / "engine-started")
-    proc = launch(host, started, "--model-path", str(model), "--prefetch", "on")
-    try:
-        assert host["listener"].wait_for("STATUS", 30, lambda value: "waiting for the disk" in value)
-        proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=30)
-    finally:
-        reading.release()
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, output
-    assert not os.path.exists(started)
+    output = stopped_while_it_waits(host, reading, "waiting for the disk", "--model-path", model, "--prefetch", "on")
     assert "a stop was asked for while it waited for the disk" in output, output
