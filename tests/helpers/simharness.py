@@ -15,8 +15,18 @@ from tests.helpers.paths import SIM_PATH
 from tests.helpers.waiting import poll
 
 
+def environ_copy():
+    """os.environ as a dict, also from a pool's thread: pytest sets and removes PYTEST_CURRENT_TEST in its
+    own thread meanwhile, and a copy iterates the keys, then reads each (a key removed in between: KeyError)."""
+    while True:
+        try:
+            return dict(os.environ)
+        except (KeyError, RuntimeError):
+            continue
+
+
 def sim_env(extra=None):
-    env = dict(os.environ)
+    env = environ_copy()
     env["PYTHONPATH"] = SIM_PATH
     env.pop("MODELWAKE_API_KEY", None)
     env.update(extra or {})

@@ -59,10 +59,21 @@ def test_every_option_is_typed_described_and_prefixed(role):
             assert option.get("elements"), "roles/%s: list option %s has no elements" % (role, name)
 
 
+def checkout_yaml():
+    """Every *.yml of the checkout, each once: the walk does not follow links (glob's `**` does, and
+    ansible_collections/modelwake/serving links back to the root, so it read every file again at each level
+    down to the kernel's limit of links in a path, where an open() failed with ELOOP)."""
+    for directory, subdirectories, files in os.walk(ROOT):
+        subdirectories[:] = sorted(name for name in subdirectories if not name.startswith("."))
+        for name in sorted(files):
+            if name.endswith(".yml"):
+                yield os.path.join(directory, name)
+
+
 def entry_points_used_by_callers():
     """{(role, entry point)} of every include_role/import_role with tasks_from outside the role itself."""
     used = set()
-    for path in glob.glob(os.path.join(ROOT, "**", "*.yml"), recursive=True):
+    for path in checkout_yaml():
         relative = os.path.relpath(path, ROOT)
         if relative.startswith((".venv", "molecule" + os.sep + ".")) or "/." in relative:
             continue
