@@ -3,6 +3,7 @@ sd_notify socket: what auto decides and says, the progress systemd hears, a dama
 a warm cache read no second time, off reading nothing, a stop and a stall."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -261,7 +262,10 @@ def test_auto_as_the_service_user_sees_a_cold_cache_and_a_warm_one(shared_model_
     read, reason = cold["decision"]
     if "not supported" in reason:
         pytest.skip(reason)  # no RWF_NOWAIT on this filesystem: the decision says so, as the docs tell
-    assert read is True and reason.endswith(", 0% of it cached"), reason
+    # A refused probe still starts its one-page read, and on fast storage that read can end before the
+    # probe returns (seen: 3% of a cold model's probes): cold is a few percent, never near CACHED_ENOUGH.
+    cached = re.search(r", (\d+)% of it cached$", reason)
+    assert read is True and cached and int(cached.group(1)) <= 10, reason
     for path, _size in storage.model_files(shared_model_dir):
         with open(path, "rb") as handle:
             handle.read()

@@ -171,7 +171,8 @@ def sampled_cache_fraction(files, probes=PROBES):
     the cache or refuses (EAGAIN) instead of reading the disk.
 
     For a reader mincore lies to (mincore_is_truthful). A refused page may still be read in by the
-    kernel (one page: POSIX_FADV_RANDOM turns its readahead off), never more. Filesystems without
+    kernel (one page: POSIX_FADV_RANDOM turns its readahead off), never more; on fast storage that read
+    can end before the probe returns, so a cold model reads a few percent cached. Filesystems without
     RWF_NOWAIT for buffered reads (overlayfs, some network ones) say EOPNOTSUPP: (None, why).
     """
     total = sum(length for _path, length in files)
