@@ -47,6 +47,10 @@ options:
     description:
       - A process to watch together with all its descendants (no systemd needed).
       - Exactly one of I(unit) and I(pid) is required.
+      - A pid that is not running is refused, unless I(log_path) is given - then a wait begun after its
+        server died ends C(failed) at its first look, quoting the exception or last line of the log. When
+        another process listens on the I(url)'s port (the server restarted as a new process), it is still
+        refused, naming that process.
     type: int
   log_path:
     description:

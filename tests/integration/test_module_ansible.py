@@ -155,6 +155,54 @@ def test_process_that_exits_is_failed_within_a_poll(processes, tmp_path):
     assert looks[0]["verdict"]["phase"] == "starting" and looks[-1]["verdict"]["phase"] == "failed"
 
 
+TRACEBACK = ("[2026-05-25 19:06:14 TP0] Load weight begin. avail mem=85 GB\n"
+             "Traceback (most recent call last):\n"
+             '  File "/opt/sglang/model_runner.py", line 412, in load_model\n'
+             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+
+
+def dead_pid(log, text):
+    """The pid of a real process that wrote `text` to `log` and exited before any wait began."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write(sys.argv[2])", str(log), text])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_wait_begun_after_its_server_died_fails_at_once_quoting_the_log(tmp_path):
+    log = tmp_path / "server.log"
+    pid = dead_pid(log, TRACEBACK)
+    rc, result = ansible("url=http://127.0.0.1:9 pid=%d log_path=%s timeout=60 poll_interval=0.5" % (pid, log))
+    assert rc != 0 and result["phase"] == "failed", result
+    assert result["msg"].startswith("failed: process %d had exited before the wait began: torch.OutOfMemoryError: "
+                                    "CUDA out of memory" % pid), result["msg"]
+    assert any("Traceback" in line for line in result["evidence"]), result
+    assert result["elapsed"] < 10
+    # No exception in the log: the process's last line is what it said.
+    quiet = tmp_path / "quiet.log"
+    pid = dead_pid(quiet, "[2026-05-25 19:06:14 TP0] Load weight begin. avail mem=85 GB\n")
+    rc, result = ansible("url=http://127.0.0.1:9 pid=%d log_path=%s timeout=60 poll_interval=0.5" % (pid, quiet))
+    assert rc != 0 and result["phase"] == "failed", result
+    assert result["msg"].startswith("failed: process %d had exited before the wait began; its log ends: "
+                                    "[2026-05-25 19:06:14 TP0] Load weight begin" % pid), result["msg"]
+
+
+def test_a_stale_pid_of_a_server_that_serves_again_is_refused_never_failed(processes, tmp_path):
+    """The negative control of the wait begun after its server died: the same evidence (the pid gone, a
+    traceback in the appended log), but the server was restarted as another process and serves its port."""
+    log = tmp_path / "server.log"
+    stale = dead_pid(log, TRACEBACK)
+    live, port = processes([sys.executable, "-c", SERVER, "ready"], port=True)
+    rc, result = ansible("url=http://127.0.0.1:%d pid=%d log_path=%s model=tiny timeout=60 poll_interval=0.5"
+                         % (port, stale, log))
+    assert rc != 0 and result["phase"] == "failed" and result["elapsed"] == 0, result
+    assert result["msg"].startswith("pid: no process with pid %d is running on this host, and pid %d (python"
+                                    % (stale, live.pid)), result["msg"]
+    assert "listens on port %d: give the server's current pid, or use unit" % port in result["msg"]
+    rc, result = ansible("url=http://127.0.0.1:%d pid=%d log_path=%s model=tiny timeout=60 poll_interval=0.5"
+                         % (port, live.pid, log))
+    assert rc == 0 and result["phase"] == "ready", result
+
+
 def test_bad_input_fails_at_once_with_elapsed_0():
     rc, result = ansible("url=http://127.0.0.1:30001 pid=4194300 timeout=0")
     assert rc != 0 and result["elapsed"] == 0

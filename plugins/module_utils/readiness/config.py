@@ -93,6 +93,9 @@ class WaitConfig(object):
     # Or in a Docker container of this name (runtime docker): its processes are the container's cgroup's,
     # outside the unit's (host/container_engine.py's DockerContainer).
     engine_container: Optional[str] = None
+    # Pid mode with log_path: the process had already exited when the wait began. The wait judges it from
+    # its log (the probe refuses instead when another process serves the URL: a stale pid, not a crash).
+    pid_exited_before_wait: bool = False
 
     def for_started_server(self, pid):
         """This config for the server the caller has just started as `pid` (the launcher's engine):
@@ -198,9 +201,9 @@ def build_config(params, proc_root="/proc", starts_server=False):
     if pid is not None:
         if pid <= 0:
             raise InputError("pid", "must be a positive process id, got %s" % pid)
-        if not os.path.exists(os.path.join(proc_root, str(pid))):
-            raise InputError("pid", "no process with pid %d is running on this host; give the "
-                                    "server's current pid or use unit" % pid)
+        if not os.path.exists(os.path.join(proc_root, str(pid))) and not params.get("log_path"):
+            raise InputError("pid", "no process with pid %d is running on this host; give the server's "
+                                    "current pid or use unit, or log_path to learn why it exited" % pid)
     timeout, timeout_auto = _seconds_or_auto(params, "timeout", 0, DEFAULT_TIMEOUT)
     stall_timeout, stall_timeout_auto = _seconds_or_auto(params, "stall_timeout", 0, DEFAULT_STALL_TIMEOUT, strict=True)
     config = WaitConfig(
@@ -228,6 +231,7 @@ def build_config(params, proc_root="/proc", starts_server=False):
         # 0 is "not measured" (the preflight's fact when it read warm or not at all).
         disk_rate=_number(params, "disk_read_rate", 0) or None,
         tensor_parallel=_number(params, "tensor_parallel", 1) or 1,
+        pid_exited_before_wait=pid is not None and not os.path.exists(os.path.join(proc_root, str(pid))),
     )
     if config.engine not in ENGINES:
         raise InputError("engine", "must be one of %s, got %r" % (", ".join(ENGINES), config.engine))

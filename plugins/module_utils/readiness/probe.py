@@ -69,13 +69,26 @@ class HostProbe(object):
         else:
             root = procfs.read_process(config.pid, proc_root)
             if procfs.is_gone(root):
-                raise InputError("pid", "no process with pid %d is running on this host" % config.pid)
-            # A pid can be reused: the start time tells the server from a newcomer.
-            self.root_start = root["starttime"]
+                self._refuse_a_stale_pid()
+                config.pid_exited_before_wait = True
+            else:
+                # A pid can be reused: the start time tells the server from a newcomer.
+                self.root_start = root["starttime"]
         if config.log_path:
             self.sources.append(FileTailer(config.log_path))
         if output is not None:
             self.sources.append(output)
+
+    def _refuse_a_stale_pid(self):
+        """The pid exited before the wait: a crash to judge from its log, unless another process serves
+        the URL, which makes it a stale pid (the server restarted as another process): no verdict then."""
+        if not self.config.log_path:
+            raise InputError("pid", "no process with pid %d is running on this host" % self.config.pid)
+        holder = procfs.listening_socket_owner(self.config.port(), self.proc_root) if self.config.url_is_local() else None
+        if holder:
+            who = "pid %d (%s)" % (holder["pid"], holder.get("comm") or "?") if holder.get("pid") else "another user's process"
+            raise InputError("pid", "no process with pid %d is running on this host, and %s listens on port %d: give "
+                                    "the server's current pid, or use unit" % (self.config.pid, who, self.config.port()))
 
     def _follow_journal(self, props):
         """Read the unit's journal from the run `props` (systemctl show) names on."""

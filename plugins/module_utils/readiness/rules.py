@@ -198,12 +198,21 @@ def _exception_note(evidence):
     return ": %s" % evidence[0].strip()[:300] if evidence and engines.EXCEPTION_LINE.search(evidence[0]) else ""
 
 
+def _last_line_note(state):
+    """`; its log ends: <the last line>`, or `; its log is empty`: what a process that left no exception said last."""
+    return "; its log ends: %s" % state.tail[-1].strip()[:300] if state.tail else "; its log is empty"
+
+
 def process_exited(look):
     """Pid mode: the watched process is gone."""
     if look.config.unit or look.alive:
         return None
     pid = look.proc.root_pid or look.config.pid
     evidence = wording.crash_evidence(look.state)
+    if look.config.pid_exited_before_wait:
+        return look.failed("failed: process %s had exited before the wait began%s%s"
+                           % (pid, _exception_note(evidence) or _last_line_note(look.state), _port_note(look)),
+                           evidence=evidence)
     return look.failed("failed: process %s exited %s into the wait, in phase %s%s%s"
                        % (pid, wording.secs(look.t), look.state.phase or STARTING, _exception_note(evidence),
                           _port_note(look)),
@@ -355,11 +364,14 @@ FAILURE_RULES = (
          (UNIT + "test_classifier.py::test_unit_not_started_yet_is_not_started_and_not_failed",
           LIVE + "test_failure_notify_guest.py::test_a_wait_begun_during_a_restarts_drain_judges_the_next_run"),
          unit_ended),
-    Rule("process_exited", FAILED, "pid mode: the watched process is gone",
-         "failed: process P exited N s into the wait, in phase X: <its exception>",
-         (UNIT + "test_classifier.py::test_crash_process_gone_is_failed_on_the_first_poll_with_the_exception_as_evidence",),
+    Rule("process_exited", FAILED, "pid mode: the watched process is gone (with log_path: also gone before the wait "
+         "began, while no other process serves the URL's port)",
+         "failed: process P exited N s into the wait, in phase X: <its exception> / had exited before the wait began: ...",
+         (UNIT + "test_classifier.py::test_crash_process_gone_is_failed_on_the_first_poll_with_the_exception_as_evidence",
+          LIVE + "test_module_ansible.py::test_a_wait_begun_after_its_server_died_fails_at_once_quoting_the_log"),
          (UNIT + "test_rules.py::test_children_that_come_and_go_while_the_watched_process_lives_are_no_exit",
-          LIVE + "test_rule_controls.py::test_children_that_exit_while_the_watched_process_lives_end_ready"),
+          LIVE + "test_rule_controls.py::test_children_that_exit_while_the_watched_process_lives_end_ready",
+          LIVE + "test_module_ansible.py::test_a_stale_pid_of_a_server_that_serves_again_is_refused_never_failed"),
          process_exited),
     Rule("rank_died", FAILED, "a rank (a process the engine titled as one, not by fork) gone by a signal or a "
          "non-zero exit, the server up; one more look for the engine's own word",
