@@ -171,6 +171,40 @@ class TurnLocks(object):
         self.held = []
 
 
+class WaitingStatus(object):
+    """What a start that waits for a turn tells systemd: STATUS= with the text and a renewed start timeout,
+    at once when the text changes (also to the journal), else every SAY_EVERY seconds. The wait module
+    reads that status as the launcher's wait, not as a stall (readiness/status.py)."""
+
+    def __init__(self, notifier, log, extend_seconds, clock):
+        self.notifier = notifier
+        self.log = log
+        self.extend_seconds = extend_seconds
+        self.clock = clock
+        self.text, self.at = None, None  # the last text said, and when
+
+    def say(self, text):
+        now = self.clock()
+        if text != self.text:
+            self.log(text)
+        if text != self.text or now - self.at >= SAY_EVERY:
+            self.notifier.send("STATUS=" + waiting_status(text),
+                               "EXTEND_TIMEOUT_USEC=%d" % int(self.extend_seconds * 1000000))
+            self.text, self.at = text, now
+
+
+def take_in_turn(locks, keys, stopping, message, say, sleep):
+    """Take each key's lock in order, waiting while another start holds it: True once all are held, False
+    when stopping() says a stop came first. message(key, holder) is the waiting text, said through say()."""
+    for key in keys:
+        while not locks.try_take(key):
+            if stopping():
+                return False
+            say(message(key, locks.holder(key)))
+            sleep(POLL_SECONDS)
+    return True
+
+
 class GpuTurns(object):
     """One launch's turn on its GPUs. take() before the engine starts, release() at its verdict.
 
@@ -197,7 +231,7 @@ class GpuTurns(object):
         # other processes are not a previous run of it.
         self.own_unit = unit if unit and unit.endswith(".service") else None
         self.locks = None
-        self._said = (None, None)  # (text, when)
+        self.status = WaitingStatus(notifier, log, extend_seconds, clock)
         self._holder_phase = (None, None, None)  # (the turn holder's unit, when asked, its phase in words)
 
     # -- what the host shows --------------------------------------------------------------
@@ -249,18 +283,6 @@ class GpuTurns(object):
         return words
 
     # -- what systemd hears ----------------------------------------------------------------
-    def _say(self, text):
-        """STATUS= with the text and a renewed start timeout: at once when the text changes (also to the
-        journal), else every SAY_EVERY seconds."""
-        now = self.clock()
-        last_text, last_at = self._said
-        if text != last_text:
-            self.log(text)
-        if text != last_text or now - last_at >= SAY_EVERY:
-            self.notifier.send("STATUS=" + waiting_status(text),
-                               "EXTEND_TIMEOUT_USEC=%d" % int(self.extend_seconds * 1000000))
-            self._said = (text, now)
-
     # -- the wait ----------------------------------------------------------------------------
     def take(self, stopping):
         """Wait for the turn on every GPU, then for their memory; True when the engine may start,
@@ -290,13 +312,10 @@ class GpuTurns(object):
         try:
             os.makedirs(self.directory, exist_ok=True)
             self.locks = TurnLocks(self.directory, gpus)
-            for gpu in self.locks.gpus:
-                while not self.locks.try_take(gpu):
-                    if stopping():
-                        return False
-                    holder = self.locks.holder(gpu)
-                    self._say(turn_message(gpu, holder, self._turn_holder_phase(holder)))
-                    self.sleep(POLL_SECONDS)
+            if not take_in_turn(self.locks, self.locks.gpus, stopping,
+                                lambda gpu, holder: turn_message(gpu, holder, self._turn_holder_phase(holder)),
+                                self.status.say, self.sleep):
+                return False
         except OSError as exc:
             # A start is never refused for want of a lock file: it only goes without its turn.
             self.log("GPU turns: cannot use %s (%s): starting without waiting for a turn" % (self.directory, exc))
@@ -322,7 +341,7 @@ class GpuTurns(object):
                     "(the role: model_service_timeout_stop_sec + 30 s)" % (duration(waited), held))
             if stopping():
                 return None
-            self._say(memory_message(waiting))
+            self.status.say(memory_message(waiting))
             self.sleep(POLL_SECONDS)
 
     def release(self):

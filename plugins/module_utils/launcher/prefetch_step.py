@@ -35,7 +35,7 @@ from ..common.errors import ModelWakeError
 from ..common.formatting import duration, size
 from ..host import prefetch, storage
 from ..readiness.status import waiting_status
-from .gpu_turns import POLL_SECONDS, SAY_EVERY, TurnLocks
+from .gpu_turns import TurnLocks, WaitingStatus, take_in_turn
 
 MODES = ("auto", "on", "off")
 LOG_EVERY = 10.0  # seconds between two progress lines in the journal (STATUS= follows every report)
@@ -111,30 +111,21 @@ class DiskTurn(object):
         """True once this start holds the disk (or goes without a turn), False when a stop came first."""
         if not self.directory:
             return True
-        start, said_at, said = self.clock(), None, None
+        start, status = self.clock(), WaitingStatus(self.notifier, self.log, self.extend_seconds, self.clock)
         try:
             os.makedirs(self.directory, exist_ok=True)
             self.locks = TurnLocks(self.directory, [DISK_TURN], file_name="%s.lock")
-            while not self.locks.try_take(DISK_TURN):
-                if stopping():
-                    self.release()
-                    return False
-                text = disk_turn_message(self.locks.holder(DISK_TURN))
-                if text != said:
-                    self.log(text)
-                if text != said or self.clock() - said_at >= SAY_EVERY:
-                    # Like the GPU turn's wait: the wait module reads it as the launcher's, not a stall.
-                    self.notifier.send("STATUS=" + waiting_status(text),
-                                       "EXTEND_TIMEOUT_USEC=%d" % int(self.extend_seconds * 1000000))
-                    said, said_at = text, self.clock()
-                self.sleep(POLL_SECONDS)
+            if not take_in_turn(self.locks, [DISK_TURN], stopping, lambda _key, holder: disk_turn_message(holder),
+                                status.say, self.sleep):
+                self.release()
+                return False
         except OSError as exc:
             # A start is never refused for want of a lock file: it only reads without its turn.
             self.log("disk turn: cannot use %s (%s): prefetching without waiting for a turn" % (self.directory, exc))
             self.release()
             return True
         self.locks.write_holder(self.unit, os.getpid())
-        if said is not None:
+        if status.text is not None:
             self.log("took the disk after %s" % duration(self.clock() - start))
         return True
 
