@@ -25,7 +25,12 @@ and check mode look once and print nothing.
 """
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import json
+import os
 import shlex
+import time
 
 from ansible import constants as C
 from ansible.errors import AnsibleError
@@ -34,6 +39,8 @@ from ansible.utils.display import Display
 from ansible.utils.vars import merge_hash
 from ansible_collections.modelwake.serving.plugins.module_utils.common.formatting import duration, size
 from ansible_collections.modelwake.serving.plugins.module_utils.common.units import MIB
+from ansible_collections.modelwake.serving.plugins.module_utils.common.atomic import replace_file
+from ansible_collections.modelwake.serving.plugins.module_utils.readiness import fleet
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.follow import (
     CLEANUP_COMMAND, FOLLOW_COMMAND, parse_read)
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.history import usual_line
@@ -124,6 +131,67 @@ def ended_without_verdict(state, data, follow):
     return dict(last, failed=True, phase="failed", msg=msg, elapsed=elapsed)
 
 
+class FleetBoard(object):
+    """Where one task's waits meet on the controller once it waits on more than fleet.LINES_PER_HOST_UP_TO
+    hosts: each worker writes its host's latest look into a directory of Ansible's local temporary
+    directory (made before the workers fork, removed when ansible-playbook ends), and whichever worker
+    finds the fleet's line due prints it, so one summary line per interval reaches the screen, not one
+    line per host."""
+
+    def __init__(self, task_uuid, batch, interval, root=None):
+        # Per batch too: a play with `serial` runs the same task (the same uuid) again for the next wave.
+        wave = hashlib.sha1(",".join(sorted(batch)).encode("utf-8")).hexdigest()[:12]
+        self.directory = os.path.join(root or C.DEFAULT_LOCAL_TMP, "modelwake-fleet-%s-%s" % (task_uuid, wave))
+        self.batch = list(batch)
+        self.interval = interval
+        os.makedirs(self.directory, exist_ok=True)
+
+    def post(self, key, look):
+        """This host's latest look (or its verdict): its phase and message."""
+        name = key.replace("/", "_") + ".json"
+        replace_file(os.path.join(self.directory, name),
+                     json.dumps({"key": key, "phase": look.get("phase"), "msg": look.get("msg")}), mode=0o600)
+
+    def looks(self):
+        found = {}
+        for name in os.listdir(self.directory):
+            if name.endswith(".json"):
+                try:
+                    with open(os.path.join(self.directory, name)) as handle:
+                        look = json.load(handle)
+                except (OSError, ValueError):
+                    continue  # being replaced: the next line has it
+                found[look["key"]] = look
+        return found
+
+    def line_if_due(self, now=None):
+        """The fleet's line when the last one is an interval old (or every host of the batch has its
+        verdict), else None. Workers take turns under a lock, so the line is said once per interval."""
+        now = time.time() if now is None else now
+        with open(os.path.join(self.directory, ".said"), "a+") as said:
+            fcntl.flock(said, fcntl.LOCK_EX)
+            said.seek(0)
+            last = float(said.read() or 0)
+            looks = self.looks()
+            hosts = set(key.split("/", 1)[0] for key in looks)
+            ended = [key for key, look in looks.items() if look.get("phase") in fleet.ENDED]
+            everyone_ended = len(ended) == len(looks) and hosts >= set(self.batch)
+            if now - last < self.interval and not everyone_ended:
+                return None
+            if everyone_ended and last < 0:
+                return None  # the last line is said already
+            said.seek(0)
+            said.truncate()
+            said.write("-1" if everyone_ended else "%f" % now)
+        # A host is named by its name; by its unit too where it waits on more than one.
+        per_host = {}
+        for key in looks:
+            per_host[key.split("/", 1)[0]] = per_host.get(key.split("/", 1)[0], 0) + 1
+        named = dict((key if per_host[key.split("/", 1)[0]] > 1 else key.split("/", 1)[0], look)
+                     for key, look in looks.items())
+        return fleet.summary_line(named, not_looked=len(set(self.batch) - hosts))
+
+
 def look_callback(host, task, look):
     """Hand one look to the controller's callbacks as Ansible hands an async job's poll: a
     v2_runner_on_async_poll callback from this worker process. Returns whether it was sent.
@@ -179,7 +247,10 @@ class ActionModule(ActionBase):
                                          task_vars=task_vars)
             follow = reply.pop("_follow", None)
             if follow:
-                reply = self._follow(host, follow, interval)
+                batch = task_vars.get("ansible_play_batch") or [host]
+                board = (FleetBoard(self._task._uuid, batch, interval) if len(batch) > fleet.LINES_PER_HOST_UP_TO
+                         else None)
+                reply = self._follow(host, follow, interval, board)
         finally:
             self._remove_tmp_path(self._connection._shell.tmpdir)
         return self._with_unit(merge_hash(result, with_phase(reply)))
@@ -199,8 +270,18 @@ class ActionModule(ActionBase):
             data["progress"] = line.split(": ", 1)[1]
         look_callback(host, self._task, data)
 
-    def _follow(self, host, follow, interval):
-        """Read the wait's file every interval until it holds the verdict; print a line each time."""
+    def _board_key(self, host):
+        unit = self._task.args.get("unit")
+        return "%s/%s" % (host, unit) if unit else host
+
+    def _say_fleet(self, board, to_stderr):
+        line = board.line_if_due()
+        if line:
+            display.display("wait_for_model_ready: %s" % line, stderr=to_stderr)
+
+    def _follow(self, host, follow, interval, board=None):
+        """Read the wait's file every interval until it holds the verdict; print a line each time, or with
+        a board (a fleet), post the look there, print the fleet's line when due and this host's at its end."""
         quoted = dict((key, shlex.quote(str(value))) for key, value in follow.items())
         read = FOLLOW_COMMAND.format(interval=int(max(1, round(interval))), **quoted)
         to_stderr = lines_to_stderr()
@@ -222,6 +303,16 @@ class ActionModule(ActionBase):
                     reply = ended_without_verdict(state, data, follow)
                     break
                 if not data:
+                    continue
+                if board is not None:
+                    # A fleet: the look goes to the board and the structured events; the screen gets the fleet's line.
+                    look = {"elapsed": data["result"].get("elapsed") or 0} if self._task.no_log else dict(
+                        data["result"], log_line=(data.get("info") or {}).get("log_line"))
+                    line = progress_line(host, data["result"], data.get("info") or {})
+                    board.post(self._board_key(host), {"phase": look.get("phase") or data["result"].get("phase")})
+                    self._say_fleet(board, to_stderr)
+                    if to_stderr:
+                        self._look_event(host, look, None if self._task.no_log else line, job)
                     continue
                 if not budgets_said and (data.get("info") or {}).get("budgets"):
                     # The auto budgets' derivation: once, at the start of the wait.
@@ -251,6 +342,14 @@ class ActionModule(ActionBase):
         reply.setdefault("changed", False)
         if line and not self._task.no_log:
             reply["progress"] = line.split(": ", 1)[1]
+        if board is not None and done:
+            # This host's verdict, once, and the fleet's line when it is due (or when this was the last verdict).
+            board.post(self._board_key(host), reply)
+            if not self._task.no_log:
+                said = line if reply.get("phase") == "ready" and line else "wait_for_model_ready [%s]: %s" % (
+                    host, reply.get("msg"))
+                display.display(said, stderr=to_stderr)
+            self._say_fleet(board, to_stderr)
         if done and reply.get("phase") != "ready" and (self._task.retries or 0) > 0 and not self._task.no_log:
             # A wait retried on the next start (model_service_failed_start: retry): Ansible's retry line shows
             # no result, so each failed start's verdict is said here.

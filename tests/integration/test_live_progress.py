@@ -181,6 +181,41 @@ def test_two_hosts_each_print_progress_and_end_with_the_result_of_one_long_call(
     assert phases_from_loading(followed) == phases_from_loading(plain_result) == ["loading", "initializing", "ready"]
 
 
+FLEET_LINE = re.compile(r"^wait_for_model_ready: (.*)$", re.MULTILINE)
+OOM_LOG = ("[2026-05-25 19:06:14 TP0] Load weight begin. avail mem=85 GB\nTraceback (most recent call last):\n"
+           '  File "/opt/sglang/model_runner.py", line 412, in load_model\n'
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+
+
+def test_a_fleet_gets_one_summary_line_per_interval_and_a_line_per_host_verdict(tmp_path, playbook, start_sim):
+    """Five hosts (more than fleet.LINES_PER_HOST_UP_TO): no host's progress line, the fleet's line instead
+    (written by whichever worker finds it due), and each host's line once, at its verdict. The fifth host's
+    server died before the play: a pid gone, its log's traceback."""
+    # Loads of 16 s: still loading when the play's first looks come, even on a loaded machine.
+    sims = dict(("sim-%d" % i, start_sim("--load-rate-mib", "4", "--init-seconds", "3")) for i in range(4))
+    log = tmp_path / "dead.log"
+    dead = subprocess.Popen([sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write(sys.argv[2])",
+                             str(log), OOM_LOG])
+    dead.wait()
+    sims["dead"] = type("Gone", (), {"url": sims["sim-0"].url.rsplit(":", 1)[0] + ":9", "pid": dead.pid,
+                                     "log_path": str(log)})
+    rc, stdout, results = playbook(sims, WAIT_TASK, "-e", "modelwake_progress_interval=2")
+    assert rc == 0, stdout
+    for host in sims:
+        if host != "dead":
+            lines = progress_lines(stdout, host)
+            assert [m.group("phase") for m in lines] == ["ready"], stdout  # its verdict, not its progress
+            assert results[host]["phase"] == "ready"
+    said = "wait_for_model_ready [dead]: failed: process %d had exited before the wait began: torch.OutOfMemoryError" % dead.pid
+    assert stdout.count(said) == 1 and results["dead"]["phase"] == "failed", stdout
+    fleet_lines = FLEET_LINE.findall(stdout)
+    assert len(fleet_lines) >= 2, stdout
+    assert any(re.search(r"\d (loading|initializing)", line) for line in fleet_lines[:-1]), fleet_lines
+    assert fleet_lines[-1].startswith("4 ready, 1 failed: dead (process %d had exited before the wait began: "
+                                      "torch.OutOfMemoryError" % dead.pid), fleet_lines
+    assert SECRET not in stdout
+
+
 def test_with_the_json_callback_stdout_parses_and_the_lines_go_to_stderr(tmp_path, playbook, start_sim):
     sims = {"sim-json": start_sim()}
     rc, (stdout, stderr), results = playbook(sims, WAIT_TASK, "-e", "modelwake_progress_interval=2",
