@@ -146,8 +146,10 @@ class Scenario(object):
 def scenario_look_once(ctx, engine):
     """One start; at each phase's log line, one `timeout=0` look. While the port is closed the
     engine's group is held stopped during the look, so the phase cannot end under a slow Ansible."""
+    # SGLang's warm-up cannot be held stopped (its port answers): it outlasts a look's allowed 20 s, or a slow
+    # Ansible's look lands after it (seen: ready, on a loaded 2-core machine where a look took over 12 s).
     sim = ctx.sims.start(engine, ctx.model, "--start-seconds", "4", "--load-rate-mib", "8",
-                         "--init-seconds", "4", "--warmup-seconds", "12", "--disable-cuda-graph")
+                         "--init-seconds", "4", "--warmup-seconds", "25", "--disable-cuda-graph")
     seen = {}
     for phase in ("starting", "loading", "initializing", "warmup", "ready"):
         sim.wait_log(REACHED[engine][phase], timeout=60)

@@ -77,7 +77,9 @@ def test_the_model_is_read_before_the_engine_starts_and_systemd_hears_its_progre
     assert prefetching and prefetching[-1].startswith("starting: prefetching 48.0 MiB of 48.0 MiB (100%), "), statuses
     share = storage.page_cache_share([path for path, _size in storage.model_files(model_dir)])
     if share["fraction"] is not None:
-        assert share["fraction"] == 1.0
+        # All of it was read; the kernel may reclaim a few pages since (seen: 99.8 % on a machine with
+        # proactive reclaim, kdamond, under a full test run's memory use).
+        assert share["fraction"] >= 0.99, share
         # The next start on this warm cache reads nothing, and says why.
         code, log, ran = launch(tmp_path, pythonpath, model_dir, listener)
         assert "modelwake: not prefetched: the page cache already holds 100% of the model" in log, log
