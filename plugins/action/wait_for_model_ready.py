@@ -274,8 +274,19 @@ class ActionModule(ActionBase):
         unit = self._task.args.get("unit")
         return "%s/%s" % (host, unit) if unit else host
 
-    def _say_fleet(self, board, to_stderr):
-        line = board.line_if_due()
+    def _to_board(self, board, host, look, to_stderr):
+        """Post a look and say the fleet's line when due. The board is for the screen only: a wait never fails
+        for it. Under no_log it holds no cause and, until the verdict, no phase: `waiting`, as the host's own
+        line says."""
+        phase = look.get("phase")
+        if self._task.no_log and phase not in fleet.ENDED:
+            phase = "waiting"
+        try:
+            board.post(self._board_key(host), {"phase": phase, "msg": None if self._task.no_log else look.get("msg")})
+            line = board.line_if_due()
+        except OSError as exc:
+            display.vvv("wait_for_model_ready [%s]: no fleet line: %s" % (host, exc))
+            return
         if line:
             display.display("wait_for_model_ready: %s" % line, stderr=to_stderr)
 
@@ -309,8 +320,7 @@ class ActionModule(ActionBase):
                     look = {"elapsed": data["result"].get("elapsed") or 0} if self._task.no_log else dict(
                         data["result"], log_line=(data.get("info") or {}).get("log_line"))
                     line = progress_line(host, data["result"], data.get("info") or {})
-                    board.post(self._board_key(host), {"phase": look.get("phase") or data["result"].get("phase")})
-                    self._say_fleet(board, to_stderr)
+                    self._to_board(board, host, {"phase": data["result"].get("phase")}, to_stderr)
                     if to_stderr:
                         self._look_event(host, look, None if self._task.no_log else line, job)
                     continue
@@ -344,13 +354,12 @@ class ActionModule(ActionBase):
             reply["progress"] = line.split(": ", 1)[1]
         if board is not None and done:
             # This host's verdict, once, and the fleet's line when it is due (or when this was the last verdict).
-            board.post(self._board_key(host), reply)
             if not self._task.no_log:
                 said = line if reply.get("phase") == "ready" and line else "wait_for_model_ready [%s]: %s" % (
                     host, reply.get("msg"))
                 display.display(said, stderr=to_stderr)
-            self._say_fleet(board, to_stderr)
-        if done and reply.get("phase") != "ready" and (self._task.retries or 0) > 0 and not self._task.no_log:
+            self._to_board(board, host, reply, to_stderr)
+        elif done and reply.get("phase") != "ready" and (self._task.retries or 0) > 0 and not self._task.no_log:
             # A wait retried on the next start (model_service_failed_start: retry): Ansible's retry line shows
             # no result, so each failed start's verdict is said here.
             display.display("wait_for_model_ready [%s]: %s" % (host, reply.get("msg")), stderr=to_stderr)

@@ -100,3 +100,19 @@ def test_the_lookup_gives_the_same_line_in_a_play(tmp_path):
                                                             ANSIBLE_CALLBACK_RESULT_FORMAT="json"))
     assert proc.returncode == 0, proc.stdout
     assert '"msg": %s' % json.dumps(fleet.summary_line(looks, not_looked=2)) in proc.stdout, proc.stdout
+
+
+class _Task(object):
+    def __init__(self, no_log):
+        self.no_log = no_log
+        self.args = {"unit": "sglang-k26.service"}
+
+
+def test_under_no_log_the_board_holds_no_cause_and_no_phase_before_the_verdict(tmp_path):
+    board = action.FleetBoard("task-3", ["a", "b", "c", "d", "e"], interval=0, root=str(tmp_path))
+    plugin = action.ActionModule.__new__(action.ActionModule)  # only its board helpers are used
+    plugin._task = _Task(no_log=True)
+    plugin._to_board(board, "a", {"phase": "loading"}, to_stderr=True)
+    plugin._to_board(board, "b", {"phase": "failed", "msg": OOM}, to_stderr=True)
+    assert board.looks() == {"a/sglang-k26.service": {"key": "a/sglang-k26.service", "phase": "waiting", "msg": None},
+                             "b/sglang-k26.service": {"key": "b/sglang-k26.service", "phase": "failed", "msg": None}}
