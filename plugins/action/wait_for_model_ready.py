@@ -25,6 +25,7 @@ and check mode look once and print nothing.
 """
 from __future__ import annotations
 
+import collections
 import fcntl
 import hashlib
 import json
@@ -173,7 +174,8 @@ class FleetBoard(object):
             said.seek(0)
             last = float(said.read() or 0)
             looks = self.looks()
-            hosts = set(key.split("/", 1)[0] for key in looks)
+            host_of = dict((key, key.split("/", 1)[0]) for key in looks)
+            hosts = set(host_of.values())
             ended = [key for key, look in looks.items() if look.get("phase") in fleet.ENDED]
             everyone_ended = len(ended) == len(looks) and hosts >= set(self.batch)
             if now - last < self.interval and not everyone_ended:
@@ -184,11 +186,8 @@ class FleetBoard(object):
             said.truncate()
             said.write("-1" if everyone_ended else "%f" % now)
         # A host is named by its name; by its unit too where it waits on more than one.
-        per_host = {}
-        for key in looks:
-            per_host[key.split("/", 1)[0]] = per_host.get(key.split("/", 1)[0], 0) + 1
-        named = dict((key if per_host[key.split("/", 1)[0]] > 1 else key.split("/", 1)[0], look)
-                     for key, look in looks.items())
+        per_host = collections.Counter(host_of.values())
+        named = dict((key if per_host[host_of[key]] > 1 else host_of[key], look) for key, look in looks.items())
         return fleet.summary_line(named, not_looked=len(set(self.batch) - hosts))
 
 

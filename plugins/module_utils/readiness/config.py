@@ -93,8 +93,9 @@ class WaitConfig(object):
     # Or in a Docker container of this name (runtime docker): its processes are the container's cgroup's,
     # outside the unit's (host/container_engine.py's DockerContainer).
     engine_container: Optional[str] = None
-    # Pid mode with log_path: the process had already exited when the wait began. The wait judges it from
-    # its log (the probe refuses instead when another process serves the URL: a stale pid, not a crash).
+    # Pid mode with log_path: the process had already exited when the wait began (set by the probe, which
+    # reads the process; it refuses instead when another process serves the URL: a stale pid, not a crash).
+    # The wait judges it from its log.
     pid_exited_before_wait: bool = False
 
     def for_started_server(self, pid):
@@ -231,7 +232,6 @@ def build_config(params, proc_root="/proc", starts_server=False):
         # 0 is "not measured" (the preflight's fact when it read warm or not at all).
         disk_rate=_number(params, "disk_read_rate", 0) or None,
         tensor_parallel=_number(params, "tensor_parallel", 1) or 1,
-        pid_exited_before_wait=pid is not None and not os.path.exists(os.path.join(proc_root, str(pid))),
     )
     if config.engine not in ENGINES:
         raise InputError("engine", "must be one of %s, got %r" % (", ".join(ENGINES), config.engine))

@@ -20,7 +20,7 @@ CAUSE_CHARS = 80
 def cause(msg):
     """A failed or stalled look's message, short: what comes after its verdict word, cut to CAUSE_CHARS."""
     text = (msg or "").strip()
-    for verdict in (FAILED, STALLED, TIMEOUT):
+    for verdict in TERMINAL:
         if text.startswith(verdict + ":"):
             text = text[len(verdict) + 1:].strip()
             break
@@ -35,7 +35,7 @@ def summary_line(looks, not_looked=0):
     for host in sorted(looks):
         phase = looks[host].get("phase") or "unknown"
         counts[phase] = counts.get(phase, 0) + 1
-        if phase in (FAILED, STALLED, TIMEOUT):
+        if phase in TERMINAL:
             bad.setdefault(phase, []).append("%s (%s)" % (host, cause(looks[host].get("msg"))))
     parts = ["%d not looked at yet" % not_looked] if not_looked else []
     for phase in ORDER + tuple(sorted(set(counts) - set(ORDER))):
