@@ -34,7 +34,7 @@ import shlex
 import time
 
 from ansible import constants as C
-from ansible.errors import AnsibleError
+from ansible.errors import AnsibleConnectionFailure, AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 from ansible.utils.vars import merge_hash
@@ -130,6 +130,33 @@ def ended_without_verdict(state, data, follow):
         msg = ("failed: the wait's process on the host (pid %s) ended without a verdict (killed?), in phase %s"
                % (follow["pid"], last.get("phase")))
     return dict(last, failed=True, phase="failed", msg=msg, elapsed=elapsed)
+
+
+class Gap(object):
+    """A host that stopped answering during its wait (a dropped SSH connection, a network cut). The wait
+    goes on on the host by itself, so the gap judges nothing: the controller looks again every interval
+    until the host answers, and gives it up as unreachable only once the wait's own budget is spent,
+    when the host's wait has its verdict in any case."""
+
+    def __init__(self, began, budget_left, interval):
+        self.began = began
+        self.give_up_at = began + max(budget_left, 0) + interval
+        self.interval = interval
+
+    def line(self, host, now, error):
+        first = (str(error).strip().splitlines() or ["no answer"])[0]
+        return ("wait_for_model_ready [%s]: unreachable for %s (%s); the wait goes on on the host, looked at "
+                "again every %s" % (host, duration(now - self.began), first[:160], duration(self.interval)))
+
+    def over(self, now):
+        return now >= self.give_up_at
+
+    def answered_line(self, host, now, restarted):
+        text = "wait_for_model_ready [%s]: answering again after %s" % (host, duration(now - self.began))
+        if restarted:
+            # Its lease ran out (no reads for that long): it ended itself, and a new one looks from now.
+            text += "; the wait had ended itself without its controller, a new one looks from now"
+        return text
 
 
 class FleetBoard(object):
@@ -242,14 +269,16 @@ class ActionModule(ActionBase):
             return self._with_unit(result)
         host = task_vars.get("inventory_hostname", "?")
         try:
-            reply = self._execute_module(module_args=dict(self._task.args, _follow={"interval": interval}),
-                                         task_vars=task_vars)
+            def start_wait():
+                return self._execute_module(module_args=dict(self._task.args, _follow={"interval": interval}),
+                                            task_vars=task_vars)
+            reply = start_wait()
             follow = reply.pop("_follow", None)
             if follow:
                 batch = task_vars.get("ansible_play_batch") or [host]
                 board = (FleetBoard(self._task._uuid, batch, interval) if len(batch) > fleet.LINES_PER_HOST_UP_TO
                          else None)
-                reply = self._follow(host, follow, interval, board)
+                reply = self._follow(host, follow, interval, board, start_wait)
         finally:
             self._remove_tmp_path(self._connection._shell.tmpdir)
         return self._with_unit(merge_hash(result, with_phase(reply)))
@@ -289,20 +318,62 @@ class ActionModule(ActionBase):
         if line:
             display.display("wait_for_model_ready: %s" % line, stderr=to_stderr)
 
-    def _follow(self, host, follow, interval, board=None):
+    def _read_gap(self, host, gap, error, interval, board, to_stderr):
+        """A read that found no connection: say so (once per gap on a fleet's board, else every interval),
+        wait out the interval, and return the gap; raise the connection's error once the gap is over."""
+        now = time.monotonic()
+        if gap.over(now):
+            raise error
+        if board is None or now - gap.began < interval:
+            display.display(gap.line(host, now, error), stderr=to_stderr)
+        if board is not None:
+            self._to_board(board, host, {"phase": "unreachable"}, to_stderr)
+        time.sleep(max(0.0, gap.began + interval * (1 + int((now - gap.began) / interval)) - now))
+        return gap
+
+    def _follow(self, host, follow, interval, board=None, start_wait=None):
         """Read the wait's file every interval until it holds the verdict; print a line each time, or with
-        a board (a fleet), post the look there, print the fleet's line when due and this host's at its end."""
-        quoted = dict((key, shlex.quote(str(value))) for key, value in follow.items())
-        read = FOLLOW_COMMAND.format(interval=int(max(1, round(interval))), **quoted)
+        a board (a fleet), post the look there, print the fleet's line when due and this host's at its end.
+        A host that stops answering is looked at again every interval (Gap); a wait that ended itself for
+        lack of reads meanwhile is started again (start_wait: the module's first call)."""
+        def commands(follow):
+            """The read of this wait's file, its cleanup's words, the job's name in events."""
+            quoted = dict((key, shlex.quote(str(value))) for key, value in follow.items())
+            return (FOLLOW_COMMAND.format(interval=int(max(1, round(interval))), **quoted), quoted,
+                    "modelwake-wait-%s" % follow.get("pid"))
+        read, quoted, job = commands(follow)
         to_stderr = lines_to_stderr()
-        job = "modelwake-wait-%s" % follow.get("pid")
         line = None
         done = False
         budgets_said = False
+        began = time.monotonic()
+        gap = None
         try:
             while True:
-                answer = self._low_level_execute_command(read, sudoable=True)
+                tried = time.monotonic()
+                try:
+                    answer = self._low_level_execute_command(read, sudoable=True)
+                except AnsibleConnectionFailure as exc:
+                    budget_left = float(follow.get("timeout") or 0) - (tried - began)
+                    gap = self._read_gap(host, gap or Gap(tried, budget_left, interval), exc, interval, board,
+                                         to_stderr)
+                    continue
                 state, data = parse_read(answer.get("stdout", ""), follow)
+                if gap is not None:
+                    # Its files gone with no reboot: the wait's lease ran out during the gap.
+                    ended_itself = state == "gone" and data is None and start_wait is not None
+                    display.display(gap.answered_line(host, time.monotonic(), ended_itself), stderr=to_stderr)
+                    gap = None
+                    if ended_itself:
+                        reply = start_wait()
+                        follow = reply.pop("_follow", None)
+                        if not follow:
+                            done = True  # the module's own answer: an input error, or a look's verdict
+                            line = None
+                            break
+                        read, quoted, job = commands(follow)
+                        began = time.monotonic()
+                        continue
                 if state == "done":
                     done = True
                     reply = data["result"]

@@ -174,8 +174,9 @@ class Guest(object):
 class Background(object):
     """A playbook run in its own process group, followed line by line, killed (by its group) at the end."""
 
-    def __init__(self, guest, playbook, extra=None, timeout=600):
-        argv, env = guest.argv(playbook, extra)
+    def __init__(self, guest, playbook, extra=None, timeout=600, env=None):
+        argv, env_base = guest.argv(playbook, extra)
+        env = dict(env_base, **(env or {}))
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      universal_newlines=True, start_new_session=True)
         self.lines = []
@@ -457,6 +458,51 @@ def test_status_stop_and_start_again(guest):
     assert rc == 0, out
     assert unit_state()["ActiveState"] == "active"
     assert on_guest("systemctl is-enabled %s" % UNIT) == "enabled"
+
+
+def test_a_wait_whose_guest_drops_off_the_network_looks_again_and_the_start_goes_on(guest, tmp_path):
+    # The guest's link (the host's end of its veth) is taken down during the handler's wait, longer than
+    # a poll: the controller's SSH finds the connection dead (keepalives every 2 s here, 15 s in ansible.cfg)
+    # and says so, looks again every 2 s, and follows the same wait once the guest answers. The load is held
+    # until the cut is seen, so the cut lands in the wait on any machine; then it is let go from this side
+    # (the guest's root is an overlay mounted here), and the start goes on through the gap to ready.
+    gap_hold = "/var/lib/mwl-hold-gap"
+    hold_here = os.path.join(os.environ.get("MODELWAKE_CACHE") or os.path.expanduser("~/.cache/modelwake"),
+                             "testhosts", "guests", GUEST, "merged", gap_hold.lstrip("/"))
+    link = "vb-" + GUEST
+    on_guest("touch %s" % gap_hold)
+    assert os.path.exists(hold_here)
+    # The play's own SSH connections (a control path of its own), with short keepalives.
+    ssh = {"ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=60s -o ServerAliveInterval=2 "
+                               "-o ServerAliveCountMax=2",
+           "ANSIBLE_SSH_CONTROL_PATH_DIR": str(tmp_path)}
+    run = Background(guest, "deploy-k26.yml", {"model_service_extra_args": FAST + ["--hold-load", gap_hold],
+                                               "modelwake_progress_interval": 2}, env=ssh)
+    cut = None
+    try:
+        run.until(HANDLER_WAIT)
+        run.until("wait_for_model_ready [%s]: " % GUEST)
+        restarted = unit_state()
+        subprocess.run(["ip", "link", "set", link, "down"], check=True)
+        cut = time.monotonic()
+        run.until("wait_for_model_ready [%s]: unreachable for" % GUEST)
+        os.unlink(hold_here)
+        time.sleep(max(0.0, 10 - (time.monotonic() - cut)))
+    finally:
+        subprocess.run(["ip", "link", "set", link, "up"], check=False)
+        down_for = time.monotonic() - cut if cut else 0
+        on_guest("rm -f %s" % gap_hold, check=False)
+        rc, out = run.finish()
+    assert down_for >= 10
+    # 0: the wait ended ready and the smoke completion answered (a failed wait is 2, an unreachable host 4).
+    assert rc == 0, out
+    assert re.search(r"wait_for_model_ready \[%s\]: answering again after \d+s\n" % re.escape(GUEST), out), out
+    assert "a new one looks from now" not in out  # a 10 s gap is far inside the wait's lease
+    after = unit_state()
+    # The same start throughout: never restarted for the gap, nor judged on it.
+    assert after["InvocationID"] == restarted["InvocationID"] and after["NRestarts"] == restarted["NRestarts"], (
+        restarted, after)
+    assert after["ActiveState"] == "active", after
 
 
 def test_a_crashing_deploy_through_the_entry_point_ends_non_zero_with_the_evidence(guest):

@@ -106,8 +106,9 @@ class ControllerGone(Exception):
 
 
 def start(config, probe, interval, clock=time.monotonic, lease_seconds=None, memory=None, budgets=None):
-    """Start the wait in a detached process; return {"path", "fifo", "pid", "boot_id"} for the
-    controller. `probe` is built (the input is checked) before this is called. The wait ends by
+    """Start the wait in a detached process; return {"path", "fifo", "pid", "boot_id", "timeout"} for the
+    controller (timeout: the wait's own budget, seconds, which bounds how long the controller looks again
+    for a host that stopped answering). `probe` is built (the input is checked) before this is called. The wait ends by
     itself when no read came for `lease_seconds` (default: LEASE_READS intervals, at least
     LEASE_MIN_SECONDS). memory and budgets: the start history's (wait_for_ready's and the result's)."""
     lease = lease_seconds or max(LEASE_MIN_SECONDS, LEASE_READS * interval)
@@ -141,7 +142,7 @@ def start(config, probe, interval, clock=time.monotonic, lease_seconds=None, mem
     with os.fdopen(ready_read) as handle:
         pid = int(handle.read() or 0)
     os.waitpid(child, 0)
-    return {"path": path, "fifo": fifo, "pid": pid, "boot_id": boot}
+    return {"path": path, "fifo": fifo, "pid": pid, "boot_id": boot, "timeout": config.timeout}
 
 
 def _detach():
