@@ -26,6 +26,9 @@ description:
     checks its input and leaves the wait to one detached process of its own on the host; the
     controller reads that process's latest look with one shell command per interval, which returns
     at once when the wait ends. A wait nobody reads any more ends by itself.
+  - A host that stops answering meanwhile (a dropped SSH connection) is looked at again every interval
+    while its wait goes on on the host; the start is never judged on the gap, and the host is given up
+    as unreachable only once I(timeout) has passed.
 version_added: "1.0.0"
 author: modelwake contributors (@modelwake)
 extends_documentation_fragment:
