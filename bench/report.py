@@ -12,7 +12,7 @@ READY = "ready"
 MODULE_EXPECTS = {"normal": READY, "crash-loading": "failed", "hang-loading": "stalled", "hang-ready": "stalled"}
 EARLY_TOLERANCE = 0.5  # s: the ready line is stamped when read from the pipe, a little after the port opens
 # bench/run.py's steps, in the order it runs them (--only picks some).
-STEPS = ("scenarios", "cost", "stacks", "churn", "arrivals", "history", "throughput", "rerun", "fanout", "containers",
+STEPS = ("scenarios", "cost", "stacks", "churn", "arrivals", "history", "throughput", "rerun", "fanout", "fleet", "containers",
          "containerdemo", "realvllm", "disk")
 
 
@@ -107,6 +107,7 @@ def targets(results):
             case["phase"] == READY for case in churn), "%d failed looks; %d of %d starts ready" % (
             false, sum(1 for case in churn if case["phase"] == READY), len(churn))))
     rows.extend(_disk_targets(results.get("disk")))
+    rows.extend(fleet_targets(results.get("fleet")))
     rerun = results.get("rerun") or {}
     if rerun.get("status") == "measured":
         # The README's command (ansible-playbook) when measured; ansible-runner's run of it beside.
@@ -273,6 +274,7 @@ def render(results, pictures):
     if fanout.get("status") != "measured":
         lines += ["Not measured%s: %s" % (" completely" if fanout.get("levels") else "",
                                           (fanout.get("why") or "step not run").strip()[-400:].replace("\n", " ")), ""]
+    lines += fleet_section(results.get("fleet"))
     lines += containers_section(results.get("containers"))
     lines += container_demo_section(results.get("containerdemo"))
     lines += _disk_section(results.get("disk"))
@@ -293,6 +295,74 @@ def render(results, pictures):
 
 
 # What explains a missed target (shown only when it is missed).
+def _fleet_levels(fleet):
+    levels = (fleet or {}).get("levels") or []
+    alone = [level for level in levels if level["hosts"] == 1 and not level["crash_host"]]
+    crashing_alone = [level for level in levels if level["hosts"] == 1 and level["crash_host"]]
+    return levels, (alone[0] if alone else None), (crashing_alone[0] if crashing_alone else None)
+
+
+def _fleet_lag(level):
+    """The level's worst lag from a true event to its verdict in the play: healthy hosts' and the crash's."""
+    lags = [level.get("healthy_lag_max_s")] + [(level.get("crash") or {}).get("lag_s")]
+    lags = [lag for lag in lags if lag is not None]
+    return max(lags) if lags else None
+
+
+def fleet_targets(fleet):
+    levels, alone, _crashing = _fleet_levels(fleet)
+    if not levels:
+        return [("fleet: a verdict in the play within 10 s of its event, at every fleet size", None, "not measured")]
+    limit = fleet.get("target_lag_s", 10.0)
+    worst = [(level["hosts"], _fleet_lag(level)) for level in levels if level["hosts"] > 1]
+    rows = [("fleet: a verdict in the play within %s s of its event, at every fleet size" % _num(limit, "%g"),
+             all(lag is not None and lag <= limit for _hosts, lag in worst),
+             "; ".join("%d hosts %s s" % (hosts, _num(lag)) for hosts, lag in worst))]
+    biggest = max(levels, key=lambda level: level["hosts"])
+    if alone and biggest["hosts"] > 1:
+        gap = None if _fleet_lag(biggest) is None else _fleet_lag(biggest) - alone["healthy_lag_max_s"]
+        rows.append(("fleet: at %d hosts within one poll (%s s) of one host's lag" % (biggest["hosts"], _num(fleet["poll_s"], "%g")),
+                     gap is not None and gap <= fleet["poll_s"],
+                     "%s s at %d hosts against %s s alone" % (_num(_fleet_lag(biggest)), biggest["hosts"],
+                                                              _num(alone["healthy_lag_max_s"]))))
+    rows.append(("fleet: the controller under one core on average", all(level["controller_cores"] < 1.0 for level in levels),
+                 "; ".join("%d hosts %.2f" % (level["hosts"], level["controller_cores"]) for level in levels
+                           if level["crash_host"])))
+    return rows
+
+
+def fleet_section(fleet):
+    lines = ["## A fleet from one controller", ""]
+    levels, alone, crashing = _fleet_levels(fleet)
+    if not levels:
+        return lines + ["Not measured: %s" % ((fleet or {}).get("why") or "step not run"), ""]
+    lines += ["bench/fleet.yml waits on N hosts in one play (`wait_for_model_ready`, pid mode, `poll_interval: %s`, "
+              "progress every %d s; ansible.cfg's forks = 8). Each host is this machine over a local connection with a "
+              "simulated engine of its own (sglang, TP 1, one scripted GPU, `%s`), all started together; the last host's "
+              "engine crashes while it loads. A host leaves out its own CPU, disk and network: every engine and wait "
+              "shares this machine's 2 cores. Lag: from the engine's ready line (or the crashed engine's exit) to the "
+              "host's `ok:`/`fatal:` line in the play, each stamped as it came. Controller: ansible-playbook, its forks "
+              "and the module's start on each host (a local connection runs it under the forks); not the detached waits."
+              % (_num(fleet["poll_s"], "%g"), fleet["progress_interval_s"], " ".join(fleet["sim_args"])), "",
+              "| hosts | all healthy ready s | healthy lag max s (median) | crash lag s | controller CPU s | cores | "
+              "peak MiB (per host) | output lines/min | healthy not ready |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for level in levels:
+        crash = level.get("crash") or {}
+        healthy = ("%s (%s)" % (_num(level["healthy_lag_max_s"]), _num(level["healthy_lag_median_s"]))
+                   if level.get("healthy_lag_max_s") is not None else "–")
+        lines.append("| %d%s | %s | %s | %s | %.1f | %.2f | %.0f (%.1f) | %.0f | %d |" % (
+            level["hosts"], "" if level["crash_host"] else ", none crashing",
+            _num(level.get("wall_to_all_ready_s")) if level.get("wall_to_all_ready_s") is not None else "–",
+            healthy, _num(crash.get("lag_s")) if crash else "–", level["controller_cpu_s"], level["controller_cores"],
+            level["controller_peak_mib"], level["controller_mib_per_host"], level["output_lines_per_min"] or 0,
+            len(level.get("healthy_not_ready") or {})))
+    lines += ["", "Each wait holds one of the 8 forks for its whole start: with more hosts than forks the rest queue, "
+              "and a host's verdict reaches the play only once a fork reached its wait (the crash, on the last host, "
+              "waits longest). A failing canary's rollout is not measured here: deploy-k26.yml has no waves yet.", ""]
+    return lines
+
+
 MISS_NOTES = [
     ("ready", "the ready line can come just after a look began; the next look starts one poll later and the "
               "verdict comes at its end, after its own reads (process tree, logs, GPUs) and the completion itself."),
@@ -307,6 +377,8 @@ MISS_NOTES = [
                   "its zip) is paid once per wait: the shorter the measured wait, the larger its share."),
     ("load phase at", "see \"Loading from this disk\": the engine's load phase also turns the bytes into "
                       "tensors on 2 shared cores, and a read through mmap faults the file in page by page."),
+    ("fleet", "each wait holds one of Ansible's forks for its whole start; with more hosts than forks a host's wait "
+              "begins only when a fork frees, so its verdict (and a crash's) reaches the play that much later."),
     ("re-run", "the re-run's own time on a 2-core machine shared with other jobs' deploys and tests (see the "
                "load average above); it changed nothing and restarted nothing."),
 ]

@@ -27,7 +27,7 @@ if not __package__:
     sys.exit("bench/run.py runs from the repository root as a module: .venv/bin/python -m bench.run")
 
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness import follow  # noqa: E402
-from bench import container_demo, containers, disk, report, simrun  # noqa: E402
+from bench import container_demo, containers, disk, fleet, report, simrun  # noqa: E402
 from modelwake_runner.cli import run_playbook  # noqa: E402  (ansible-runner: every play's events as data)
 from tests.fakes import fake_nvml  # noqa: E402  (the fake libnvidia-ml.so.1: scripted GPUs read through NVML)
 from tests.helpers import ANSIBLE_PLAYBOOK, FAKES, ROOT, TESTHOSTS, VENV_BIN, free_port, poll  # noqa: E402
@@ -855,7 +855,10 @@ def main(argv=None):
     parser.add_argument("--disk-engines", default=",".join(disk.ENGINES),
                         help="the disk step's engines: vllm (the real vLLM CPU, ~15 minutes), sim (the simulated "
                              "TP 8, a minute or two); default: both")
+    parser.add_argument("--fleet-counts", default=",".join(str(n) for n in fleet.COUNTS),
+                        help="the fleet step's host counts (default: %(default)s)")
     args = parser.parse_args(argv)
+    fleet_counts = tuple(int(n) for n in args.fleet_counts.split(","))
     disk_engines = tuple(args.disk_engines.split(","))
     if not disk_engines or set(disk_engines) - set(disk.ENGINES):
         parser.error("--disk-engines: choose from %s (got %r)" % (", ".join(disk.ENGINES), args.disk_engines))
@@ -909,6 +912,8 @@ def main(argv=None):
                                 ("throughput", "throughput of the simulated engine", lambda: measure_throughput(model, work)),
                                 ("rerun", "deploy-k26.yml re-run on a ready test host", lambda: measure_rerun(work)),
                                 ("fanout", "fan-out over 1, 2 and 4 test hosts", lambda: measure_fanout(work)),
+                                ("fleet", "one play waiting on 1, 8, 32 and 128 hosts (local connections)",
+                                 lambda: fleet.measure(model, work, ansible_env(), fleet_counts)),
                                 ("containers", "the time a container start adds: venv, Podman, Docker on one test host",
                                  lambda: containers.measure(work)),
                                 ("containerdemo", "make demo RUNTIME=podman and RUNTIME=docker, as a user runs them",
