@@ -321,8 +321,8 @@ def fleet_targets(fleet):
     biggest = max(levels, key=lambda level: level["hosts"])
     if alone and biggest["hosts"] > 1:
         gap = None if _fleet_lag(biggest) is None else _fleet_lag(biggest) - alone["healthy_lag_max_s"]
-        rows.append(("fleet: at %d hosts within one poll (%s s) of one host's lag" % (biggest["hosts"], _num(fleet["poll_s"], "%g")),
-                     gap is not None and gap <= fleet["poll_s"],
+        rows.append(("fleet: at %d hosts within one poll (%s s) of one host's lag"
+                     % (biggest["hosts"], _num(fleet["poll_s"], "%g")), gap is not None and gap <= fleet["poll_s"],
                      "%s s at %d hosts against %s s alone" % (_num(_fleet_lag(biggest)), biggest["hosts"],
                                                               _num(alone["healthy_lag_max_s"]))))
     rows.append(("fleet: the controller under one core on average", all(level["controller_cores"] < 1.0 for level in levels),
@@ -359,8 +359,8 @@ def fleet_section(fleet):
             len(level.get("healthy_not_ready") or {})))
     lines += ["", "Each wait holds one of the 8 forks for its whole start: with more hosts than forks the rest queue, "
               "and a host's verdict reaches the play only once a fork reached its wait (the crash, on the last host, "
-              "waits longest). The controller's CPU includes the module's start on each host (about 0.65 s of CPU each: see \"The module's own cost\"), which a "
-              "real host pays itself. A failing canary's rollout is not measured here: deploy-k26.yml has no waves yet.", ""]
+              "waits longest). The controller's CPU includes the module's start on each host (about 0.65 s of CPU "
+              "each: see \"The module's own cost\"), which a real host pays itself. A failing canary's rollout is not measured here: deploy-k26.yml has no waves yet.", ""]
     return lines
 
 
