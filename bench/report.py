@@ -360,7 +360,8 @@ def fleet_section(fleet):
     lines += ["", "Each wait holds one of the 8 forks for its whole start: with more hosts than forks the rest queue, "
               "and a host's verdict reaches the play only once a fork reached its wait (the crash, on the last host, "
               "waits longest). The controller's CPU includes the module's start on each host (about 0.65 s of CPU "
-              "each: see \"The module's own cost\"), which a real host pays itself. A failing canary's rollout is not measured here: deploy-k26.yml has no waves yet.", ""]
+              "each: see \"The module's own cost\"), which a real host pays itself. A failing canary's rollout is "
+              "not measured here: deploy-k26.yml has no waves yet.", ""]
     return lines
 
 
