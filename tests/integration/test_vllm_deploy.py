@@ -467,8 +467,11 @@ def test_the_same_vllm_in_a_podman_image_is_activating_until_a_completion_and_it
     # (-x: the whole name, which the kernel cuts to 15 characters.)
     engine = [on_guest("pgrep -o -x 'VLLM::EngineCor' || true"), worker_pid()]
     # Gone after ready (seen once in a cold run, the rerun passed): what the unit did since, to tell why.
-    assert all(engine), "the engine's processes after ready: %s (%s); the unit's journal since:\n%s" % (
+    # (Twice in cold runs both names were missing while the unit, the same start, still answered completions:
+    # every process's name and command line say what pgrep looked through.)
+    assert all(engine), "the engine's processes after ready: %s (%s); the guest's processes:\n%s\nthe unit's journal since:\n%s" % (
         engine, VM.show(UNIT, "NRestarts", "InvocationID", "ActiveState", "MainPID"),
+        on_guest("ps -eo pid,ppid,pidns,comm,args --width 200", check=False),
         on_guest("journalctl -u %s -o short-monotonic --no-pager -n 40 | grep -v 'Route:'" % UNIT, check=False))
     assert set(engine) <= set(procs), (engine, procs)
     init = on_guest("podman container inspect --format '{{.State.Pid}}' %s" % container)
