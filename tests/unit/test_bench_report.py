@@ -265,3 +265,44 @@ def test_task_times_come_from_the_runs_own_task_results():
     assert run.task_times(events) == [
         {"seconds": 0.41, "task": "Read the GPUs", "action": "gpu_holders", "skipped": False},
         {"seconds": 0.02, "task": "Pull the image", "action": "command", "skipped": True}]
+
+
+def _fleet_level(hosts, crash_host, healthy_max, crash_lag, cores):
+    return {"hosts": hosts, "crash_host": crash_host, "rc": 2 if crash_host else 0, "wall_to_all_ready_s": 20.0,
+            "healthy_lag_max_s": healthy_max, "healthy_lag_median_s": healthy_max, "healthy_not_ready": {},
+            "crash": {"verdict": "fatal", "lag_s": crash_lag} if crash_host else None, "controller_cpu_s": 10.0,
+            "controller_cores": cores, "controller_peak_mib": 700.0, "controller_mib_per_host": 700.0 / hosts,
+            "output_lines_per_min": 300.0, "play_s": 30.0}
+
+
+def _fleet(big_crash_lag, big_cores):
+    return {"status": "measured", "poll_s": 5.0, "progress_interval_s": 10, "target_lag_s": 10.0,
+            "sim_args": ["--tp", "1"],
+            "levels": [_fleet_level(1, False, 1.8, None, 0.09), _fleet_level(1, True, None, 1.9, 0.23),
+                       _fleet_level(8, True, 3.6, 3.3, 0.23), _fleet_level(128, True, 5.9, big_crash_lag, big_cores)]}
+
+
+def test_the_fleet_targets_take_the_worst_lag_of_each_size_against_one_host_alone():
+    met = dict((label, (ok, number)) for label, ok, number in report.fleet_targets(_fleet(6.5, 0.8)))
+    assert met["fleet: a verdict in the play within 10 s of its event, at every fleet size"] == (
+        True, "8 hosts 3.6 s; 128 hosts 6.5 s")
+    # The worst lag at 128 hosts (the crash's 6.5 s) against one healthy host alone (1.8 s): 4.7 s, within a poll.
+    assert met["fleet: at 128 hosts within one poll (5 s) of one host's lag"] == (True, "6.5 s at 128 hosts against 1.8 s alone")
+    assert met["fleet: the controller under one core on average"][0] is True
+    missed = dict((label, (ok, number)) for label, ok, number in report.fleet_targets(_fleet(49.1, 1.0)))
+    assert missed["fleet: a verdict in the play within 10 s of its event, at every fleet size"] == (
+        False, "8 hosts 3.6 s; 128 hosts 49.1 s")
+    assert missed["fleet: at 128 hosts within one poll (5 s) of one host's lag"][0] is False
+    assert missed["fleet: the controller under one core on average"] == (
+        False, "1 host 0.23; 8 hosts 0.23; 128 hosts 1.00")
+    assert report.fleet_targets(None)[0][1] is None  # not measured
+
+
+def test_the_fleet_section_has_a_row_per_run_and_says_what_a_host_leaves_out():
+    lines = report.fleet_section(_fleet(49.1, 1.0))
+    rows = [line for line in lines if line.startswith("| 1") or line.startswith("| 8")]
+    assert rows[0].startswith("| 1, none crashing | 20.0 | 1.8 (1.8) | – |"), rows
+    assert rows[1].startswith("| 1 | 20.0 | – | 1.9 |") and rows[3].startswith("| 128 | 20.0 | 5.9 (5.9) | 49.1 |"), rows
+    text = " ".join(lines)
+    assert "leaves out its own CPU, disk and network" in text and "deploy-k26.yml has no waves yet" in text
+    assert report.fleet_section(None)[-2] == "Not measured: step not run"
