@@ -327,7 +327,7 @@ class ActionModule(ActionBase):
         if board is None or now - gap.began < interval:
             display.display(gap.line(host, now, error), stderr=to_stderr)
         if board is not None:
-            self._to_board(board, host, {"phase": "unreachable"}, to_stderr)
+            self._to_board(board, host, {"phase": fleet.UNREACHABLE}, to_stderr)
         time.sleep(max(0.0, gap.began + interval * (1 + int((now - gap.began) / interval)) - now))
         return gap
 

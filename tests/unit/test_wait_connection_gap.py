@@ -68,7 +68,7 @@ class ScriptedWait(object):
         self.started_again += 1
         return {"changed": False, "_follow": follow_info(pid=5151)}
 
-    def follow(self, timeout=600):
+    def follow(self, timeout=600, board=None):
         said = self.said
 
         class Said(object):
@@ -82,7 +82,7 @@ class ScriptedWait(object):
         original = action.display
         action.display = Said()
         try:
-            return self.plugin._follow("gpu-03", follow_info(timeout=timeout), INTERVAL, None, self.start_wait)
+            return self.plugin._follow("gpu-03", follow_info(timeout=timeout), INTERVAL, board, self.start_wait)
         finally:
             action.display = original
 
@@ -144,3 +144,23 @@ def test_the_gap_says_each_line_with_the_time_since_the_host_last_answered():
     assert gap.line("h", 145.0, CUT).endswith("looked at again every 25s")
     assert not gap.over(724.0) and gap.over(725.0)
     assert gap.answered_line("h", 230.0, False) == "wait_for_model_ready [h]: answering again after 2m10s"
+
+
+def test_on_a_fleets_board_the_host_counts_as_unreachable_and_its_gap_is_said_once(tmp_path, monkeypatch):
+    board = action.FleetBoard("uuid-gap", ["gpu-%02d" % i for i in range(6)], INTERVAL, root=str(tmp_path))
+    for other in (0, 1, 2, 4, 5):
+        board.post("gpu-%02d" % other, {"phase": "loading"})
+    wait = ScriptedWait([read_answer("loading"), CUT, CUT, CUT, CUT, read_answer("ready", done=True)])
+    seen = []
+    original = action.FleetBoard.post
+
+    def post(self, key, look):
+        seen.append(look["phase"])
+        original(self, key, look)
+    monkeypatch.setattr(action.FleetBoard, "post", post)
+    reply = wait.follow(board=board)
+    assert reply["phase"] == "ready", reply
+    # Posted at each failed read, then the verdict; on the screen, the gap once and the fleet's lines counting it.
+    assert seen.count("unreachable") == 4 and seen[-1] == "ready", seen
+    assert len([line for line in wait.said if "unreachable for" in line]) == 1, wait.said
+    assert any(line.startswith("wait_for_model_ready: 5 loading, 1 unreachable") for line in wait.said), wait.said

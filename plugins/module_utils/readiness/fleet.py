@@ -9,8 +9,11 @@ from .phases import FAILED, PHASES, READY, STALLED, TERMINAL, TIMEOUT
 
 # Hosts up to this many get a progress line each per interval; more get the summary line instead.
 LINES_PER_HOST_UP_TO = 4
-# The phases in the order the line names them: the start's course, then the verdicts that end it badly.
-ORDER = PHASES + (STALLED, TIMEOUT, FAILED)
+# Not a phase: a host whose wait the controller cannot read for now (plugins/action/wait_for_model_ready.py's Gap).
+UNREACHABLE = "unreachable"
+# The phases in the order the line names them: the start's course, the hosts not answering, then the verdicts
+# that end it badly.
+ORDER = PHASES + (UNREACHABLE, STALLED, TIMEOUT, FAILED)
 ENDED = (READY,) + TERMINAL  # a wait with one of these has its verdict
 # Hosts named with their cause, per bad verdict; the rest are counted ("and 3 more").
 NAMED = 3
