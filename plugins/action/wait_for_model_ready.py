@@ -142,6 +142,7 @@ class Gap(object):
         self.began = began
         self.give_up_at = began + max(budget_left, 0) + interval
         self.interval = interval
+        self.said = False  # its line said once (on a fleet's board, where the fleet's line counts it after)
 
     def line(self, host, now, error):
         first = (str(error).strip().splitlines() or ["no answer"])[0]
@@ -324,8 +325,9 @@ class ActionModule(ActionBase):
         now = time.monotonic()
         if gap.over(now):
             raise error
-        if board is None or now - gap.began < interval:
+        if board is None or not gap.said:
             display.display(gap.line(host, now, error), stderr=to_stderr)
+            gap.said = True
         if board is not None:
             self._to_board(board, host, {"phase": fleet.UNREACHABLE}, to_stderr)
         time.sleep(max(0.0, gap.began + interval * (1 + int((now - gap.began) / interval)) - now))

@@ -7,6 +7,7 @@ cut, a guest's link taken down during a rolling restart's wait: tests/integratio
 import importlib.util
 import json
 import os
+import time
 import types
 
 import pytest
@@ -164,3 +165,25 @@ def test_on_a_fleets_board_the_host_counts_as_unreachable_and_its_gap_is_said_on
     assert seen.count("unreachable") == 4 and seen[-1] == "ready", seen
     assert len([line for line in wait.said if "unreachable for" in line]) == 1, wait.said
     assert any(line.startswith("wait_for_model_ready: 5 loading, 1 unreachable") for line in wait.said), wait.said
+
+
+class SlowCut(Exception):
+    """A read that hangs longer than an interval before SSH gives up (keepalives unanswered), then fails."""
+
+
+def test_on_a_fleets_board_a_gap_found_after_a_hung_read_is_still_said(tmp_path):
+    board = action.FleetBoard("uuid-slow-gap", ["gpu-%02d" % i for i in range(6)], INTERVAL, root=str(tmp_path))
+    wait = ScriptedWait([read_answer("loading"), SlowCut(), CUT, read_answer("ready", done=True)])
+    execute = wait.execute
+
+    def hung_then_cut(command, sudoable=False):
+        if wait.script and isinstance(wait.script[0], SlowCut):
+            wait.script.pop(0)
+            wait.commands.append(command)
+            time.sleep(4 * INTERVAL)
+            raise CUT
+        return execute(command, sudoable)
+    wait.plugin._low_level_execute_command = hung_then_cut
+    reply = wait.follow(board=board)
+    assert reply["phase"] == "ready", reply
+    assert len([line for line in wait.said if "unreachable for" in line]) == 1, wait.said
