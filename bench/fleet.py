@@ -27,7 +27,6 @@ from tests.helpers.simharness import descendants
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COUNTS = (1, 8, 32, 128)
-READY_LINE = "The server is fired up and ready to roll!"
 # A ~20 s start on a quiet machine: 1 s imports, the bench's 192 MiB model at 16 MiB/s, 5 s init, 1 s warm-up.
 SIM_ARGS = ["--tp", "1", "--fake-gpus", "--fake-gpu-count", "1", "--disable-cuda-graph", "--start-seconds", "1",
             "--load-rate-mib", "16", "--init-seconds", "5", "--warmup-seconds", "1"]
@@ -124,7 +123,7 @@ def run_level(count, model, work, env, crash=True):
         for index, sim in enumerate(sims):
             host = "bench-fleet-%03d" % index
             crashed = crash and index == count - 1
-            truth = sim.exit_time if crashed else sim.first(READY_LINE)
+            truth = sim.exit_time if crashed else sim.first(simrun.READY_LINE["sglang"])
             seen = verdicts.get(host)
             if seen is None or truth is None:
                 lag = None

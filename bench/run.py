@@ -56,7 +56,7 @@ SETTINGS = {
 SIM_ARGS = ["--tp", "2", "--fake-gpus", "--fake-gpu-count", "2", "--disable-cuda-graph", "--start-seconds", "1",
             "--load-rate-mib", "32", "--init-seconds", "5", "--warmup-seconds", "2", "--served-model-name", "k26-sim"]
 MODEL_MIB, MODEL_SHARDS = 192, 16
-READY_LINE = {"sglang": "The server is fired up and ready to roll!", "vllm": "Application startup complete."}
+READY_LINE = simrun.READY_LINE
 LOAD_LINE = {"sglang": "Load weight begin", "vllm": "Starting to load model"}
 SCENARIOS = [
     # name, --fault, what the true event is

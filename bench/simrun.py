@@ -16,6 +16,9 @@ import time
 from tests.helpers import free_port, poll
 from tests.helpers.simharness import sim_env
 
+# The engine's own line when it is ready: the true event of a healthy start (bench/run.py, bench/fleet.py).
+READY_LINE = {"sglang": "The server is fired up and ready to roll!", "vllm": "Application startup complete."}
+
 
 class SimRun(object):
     """One engine: `start()`, then `lines` [(wall time, line)], `exit_time`, `stop()`."""
