@@ -28,6 +28,13 @@ guest_ssh = guest_runtime.guest_ssh
 guest_sh = guest_runtime.guest_sh
 
 
+def guest_dir(name):
+    """The guest's directory on this machine (tools/testhosts' own layout): its console.log, and `merged`, the
+    overlay its root runs on, which this side can read and write without the guest's network."""
+    return os.path.join(os.environ.get("MODELWAKE_CACHE") or os.path.expanduser("~/.cache/modelwake"),
+                        "testhosts", "guests", name)
+
+
 def host_tool(*args, check=True, timeout=600):
     proc = subprocess.run([TESTHOSTS] + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True, timeout=timeout)

@@ -31,7 +31,7 @@ import pytest
 
 from modelwake_runner.cli import run_playbook
 from tests.helpers import ANSIBLE_PLAYBOOK as PLAYBOOK, ROOT, VENV_BIN
-from tests.helpers.guesthost import PlayOutput, guest_sh, guest_vars, host_tool
+from tests.helpers.guesthost import PlayOutput, guest_dir, guest_sh, guest_vars, host_tool
 
 PYTHON = os.path.join(VENV_BIN, "python")
 # Per session: two pytest sessions (a developer's and a full `make integration`) never share a guest.
@@ -467,8 +467,7 @@ def test_a_wait_whose_guest_drops_off_the_network_looks_again_and_the_start_goes
     # until the cut is seen, so the cut lands in the wait on any machine; then it is let go from this side
     # (the guest's root is an overlay mounted here), and the start goes on through the gap to ready.
     gap_hold = "/var/lib/mwl-hold-gap"
-    hold_here = os.path.join(os.environ.get("MODELWAKE_CACHE") or os.path.expanduser("~/.cache/modelwake"),
-                             "testhosts", "guests", GUEST, "merged", gap_hold.lstrip("/"))
+    hold_here = os.path.join(guest_dir(GUEST), "merged", gap_hold.lstrip("/"))
     link = "vb-" + GUEST
     on_guest("touch %s" % gap_hold)
     assert os.path.exists(hold_here)

@@ -13,6 +13,7 @@ import subprocess
 import pytest
 
 from tests.helpers import TESTHOSTS as TOOL, until
+from tests.helpers.guesthost import guest_dir
 NETWORK = ipaddress.ip_network("10.213.77.0/24")
 
 pytestmark = pytest.mark.slow
@@ -79,8 +80,7 @@ def test_guest_has_no_route_beyond_the_bridge(guest):
 def test_the_guest_console_is_read_into_console_log(guest):
     # The guest's systemd writes its console when a stop job is slow; a console nobody reads fills
     # up and blocks it, and the shutdown never ends (the reboot below then times out).
-    console = os.path.join(os.environ.get("MODELWAKE_CACHE") or os.path.expanduser("~/.cache/modelwake"),
-                           "testhosts", "guests", guest, "console.log")
+    console = os.path.join(guest_dir(guest), "console.log")
     before = os.path.getsize(console)
     in_guest(guest, "head -c 100000 /dev/zero | tr '\\0' c | timeout 20 tee /dev/console >/dev/null")
     # nspawn copies the last bytes after tee has returned.
