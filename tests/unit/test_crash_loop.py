@@ -272,6 +272,64 @@ def test_the_probe_says_why_a_record_could_not_be_read(tmp_path, monkeypatch):
     assert "not a failed-starts record" in probe_for(UNIT)._crash_loop(stopped_unit())["error"]
 
 
+# -- the wait on a unit that systemd restarted: what its run died of ------------------------------------------
+def running_unit(restarts, main_pid):
+    return dict(stopped_unit(status=0, active="active"), SubState="running", MainPID=main_pid, NRestarts=restarts)
+
+
+@pytest.mark.parametrize("after", [
+    running_unit(restarts=1, main_pid=700),  # Restart= started it again
+    dict(stopped_unit(status=EXIT_FAILED, active="activating"), SubState="auto-restart"),  # RestartSec= not over
+], ids=["restarted", "auto-restart"])
+def test_a_restart_seen_before_the_runs_last_lines_reach_the_journal_names_what_the_launcher_recorded(after):
+    # The order a loaded host gives: the launcher recorded the out-of-memory start and exited, systemd restarted
+    # the unit, and the look sees the restart while journald has not yet passed on the dead run's traceback.
+    trace = Trace(pids=(500, 501))
+    before = trace.step(0.0, unit=running_unit(restarts=0, main_pid=500),
+                        lines=["server_args=ServerArgs(model_path='/m')"])
+    restarted = trace.step(5.0, cpu=1, unit=after, pids=(700,))
+    restarted.failed_start = {"cause": OOM, "started": 1000.0, "ended": 1004.0, "status": EXIT_FAILED,
+                              "evidence": [OOM] + TRACEBACK}
+    verdict = replay(config(unit=UNIT), [before, restarted])[-1][1]
+    assert verdict.phase == "failed" and verdict.msg.endswith(": " + OOM), verdict.msg
+    assert verdict.evidence == [OOM] + TRACEBACK
+    # Without the launcher's record (a unit that runs the engine itself), the same look says what it saw.
+    restarted.failed_start = None
+    verdict = replay(config(unit=UNIT), [before, restarted])[-1][1]
+    assert verdict.phase == "failed" and verdict.msg.endswith("its server crashed"), verdict.msg
+    assert OOM not in verdict.evidence
+
+
+def test_a_restarted_runs_exception_in_the_log_comes_before_the_record():
+    trace = Trace(pids=(500,))
+    before = trace.step(0.0, unit=running_unit(restarts=0, main_pid=500))
+    restarted = trace.step(5.0, cpu=1, unit=running_unit(restarts=1, main_pid=700), pids=(700,),
+                           lines=["KeyError: 'model.layers.60.mlp.experts.w1'"])
+    restarted.failed_start = {"cause": OOM, "evidence": [OOM]}
+    verdict = replay(config(unit=UNIT), [before, restarted])[-1][1]
+    assert verdict.phase == "failed" and verdict.msg.endswith(": KeyError: 'model.layers.60.mlp.experts.w1'"), verdict.msg
+
+
+def test_the_probe_reads_only_a_failed_start_recorded_during_the_wait(tmp_path, monkeypatch):
+    monkeypatch.setattr(systemd, "STATE_ROOT", str(tmp_path))
+    directory = str(tmp_path / "sglang-k26")
+    os.mkdir(directory)
+    probe = probe_for(UNIT)
+    probe.wait_start_epoch = 2000.0
+    earlier = failed_starts.add_failure(failed_starts.empty_record(), ATTRIBUTE, [ATTRIBUTE], 1000.0, 1100.0, EXIT_FAILED)
+    failed_starts.write_record(directory, earlier)
+    path = os.path.join(directory, failed_starts.FILE_NAME)
+    os.utime(path, (1900.0, 1900.0))
+    assert probe._failed_start(running_unit(1, 700)) is None  # written before the wait: not even read
+    os.utime(path, (2100.0, 2100.0))
+    assert probe._failed_start(running_unit(1, 700)) is None  # changed in the wait, but no start ended in it
+    failed_starts.write_record(directory, failed_starts.add_failure(earlier, OOM, [OOM] + TRACEBACK, 2001.0, 2004.0,
+                                                                    EXIT_FAILED))
+    found = probe._failed_start(running_unit(1, 700))
+    assert (found["cause"], found["ended"], found["evidence"]) == (OOM, 2004.0, [OOM] + TRACEBACK)
+    assert probe._failed_start(None) is None
+
+
 def test_what_a_deploy_quotes_of_the_last_failed_start_comes_from_the_record():
     record = failed_starts.add_failure(failed_starts.empty_record(), OOM, [OOM], 100.0, 160.0, EXIT_FAILED)
     assert failed_starts.last_failure(json.dumps(record)) == {

@@ -1,4 +1,5 @@
 """HostProbe: gathers one Snapshot from the host (processes, unit, GPUs, logs, HTTP)."""
+import os
 import resource
 import time
 
@@ -41,6 +42,7 @@ class HostProbe(object):
         self.kernel_log = None  # host/kernel_log.KernelLog, from the server's start: made at the first look
         self.kernel_log_path = None  # None: /dev/kmsg (or MODELWAKE_KMSG_PATH, for tests)
         self.wait_start_usec = int(time.monotonic() * 1e6)  # the kernel log's clock: microseconds since boot
+        self.wait_start_epoch = time.time()  # the clock of the launcher's record of failed starts
         self.zombies = {}  # unit mode: the unit's unreaped dead processes at the latest look
         self.reads_prev = (None, None)  # the tree's rchar and read_bytes at the previous look
         self.sources = []
@@ -240,7 +242,7 @@ class HostProbe(object):
                         downloads=self.hub.read(processes) if processes else None,
                         ib_rcv_bytes=infiniband.received_bytes(ib_ports), ib_ports=ib_ports or None,
                         load=procfs.load(self.proc_root), xids=xids,
-                        crash_loop=self._crash_loop(unit), notes=notes)
+                        crash_loop=self._crash_loop(unit), failed_start=self._failed_start(unit), notes=notes)
 
     def _xids(self, root_pid):
         """The kernel's Xid lines new since the previous look, from the server's start on, each with the
@@ -280,6 +282,25 @@ class HostProbe(object):
             return failed_starts.read_record(directory)
         except (OSError, ValueError) as exc:
             return {"error": "%s: %s" % (failed_starts.record_path(directory), exc)}
+
+    def _failed_start(self, unit):
+        """The failed start the unit's launcher recorded during this wait (host/failed_starts.py: its
+        "cause", "started", "ended", "status" and the record's "evidence"), else None.
+
+        Why from the record: the launcher writes it before it exits, so it is there when systemd's
+        restart is seen, while the dead run's last lines may not be in the journal yet (journald reads
+        a process's output in its own time). A unit without the launcher has no record: None."""
+        if unit is None or not self.config.unit:
+            return None
+        path = failed_starts.record_path(systemd.state_dir(self.config.unit))
+        try:
+            if os.stat(path).st_mtime < self.wait_start_epoch:
+                return None  # one stat per look: the record is read only once it changed in the wait
+            record = failed_starts.read_record(os.path.dirname(path))
+        except (OSError, ValueError):
+            return None
+        starts = [entry for entry in record.get("starts") or [] if (entry.get("ended") or 0) >= self.wait_start_epoch]
+        return dict(starts[-1], evidence=list(record.get("evidence") or [])) if starts else None
 
     def _weight_files_open(self, processes, io_totals, read_bytes):
         """procfs.open_weight_files, asked only at a look where rchar grew by a MiB beyond read_bytes

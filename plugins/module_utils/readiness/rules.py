@@ -160,6 +160,18 @@ def unit_not_found(look):
     return Verdict(FAILED, "failed: unit %s does not exist" % look.config.unit, terminal=True)
 
 
+def _crash_cause(look):
+    """(`: <what the run died of>`, the evidence) of a unit's run that ended in the wait: the exception in
+    its log, else the failed start its launcher recorded (which is there before the run's last lines reach
+    the journal: journald reads a dead process's output in its own time), else ("", the log's evidence)."""
+    evidence = wording.crash_evidence(look.state)
+    note = _exception_note(evidence)
+    recorded = look.snap.failed_start
+    if note or not recorded or not recorded.get("cause"):
+        return note, evidence
+    return ": %s" % recorded["cause"].strip()[:300], list(recorded.get("evidence") or []) or evidence
+
+
 def unit_restarted(look):
     """NRestarts up, or a new MainPID: the server crashed and systemd started it again (a crash can exit 0)."""
     unit, st, name = _unit(look), look.state, look.config.unit
@@ -167,14 +179,19 @@ def unit_restarted(look):
         return None
     restarts, main_pid = unit.get("NRestarts"), unit.get("MainPID") or 0
     if restarts is not None and st.nrestarts is not None and restarts > st.nrestarts:
+        cause, evidence = _crash_cause(look)
         return look.failed("failed: unit %s restarted %d time(s) during the wait (NRestarts %s -> %s; %s): its server "
-                           "crashed" % (name, restarts - st.nrestarts, st.nrestarts, restarts, _unit_detail(unit)))
+                           "crashed%s" % (name, restarts - st.nrestarts, st.nrestarts, restarts, _unit_detail(unit), cause),
+                           evidence=evidence)
     if st.main_pid and main_pid and main_pid != st.main_pid:
+        cause, evidence = _crash_cause(look)
         return look.failed("failed: unit %s's main process changed from %s to %s %s into the wait: the server restarted "
-                           "(%s)" % (name, st.main_pid, main_pid, wording.secs(look.t), _unit_detail(unit)))
+                           "(%s)%s" % (name, st.main_pid, main_pid, wording.secs(look.t), _unit_detail(unit), cause),
+                           evidence=evidence)
     if unit.get("SubState") == "auto-restart":
-        return look.failed("failed: unit %s's process exited and systemd waits to restart it (%s)"
-                           % (name, _unit_detail(unit)))
+        cause, evidence = _crash_cause(look)
+        return look.failed("failed: unit %s's process exited and systemd waits to restart it (%s)%s"
+                           % (name, _unit_detail(unit), cause), evidence=evidence)
     return None
 
 
@@ -184,11 +201,13 @@ def unit_ended(look):
     if unit is None:
         return None
     if unit.get("ActiveState") == "failed":
-        return look.failed("failed: unit %s failed (%s)" % (name, _unit_detail(unit)))
+        cause, evidence = _crash_cause(look)
+        return look.failed("failed: unit %s failed (%s)%s" % (name, _unit_detail(unit), cause), evidence=evidence)
     running = unit.get("ActiveState") in ("active", "activating", "reloading")
     if not running and look.state.seen_running:
-        return look.failed("failed: unit %s stopped %s into the wait (%s); a crash can exit 0"
-                           % (name, wording.secs(look.t), _unit_detail(unit)))
+        cause, evidence = _crash_cause(look)
+        return look.failed("failed: unit %s stopped %s into the wait (%s); a crash can exit 0%s"
+                           % (name, wording.secs(look.t), _unit_detail(unit), cause), evidence=evidence)
     return None
 
 
@@ -353,13 +372,16 @@ FAILURE_RULES = (
          (UNIT + "test_classifier.py::test_unit_not_started_yet_is_not_started_and_not_failed",),
          unit_not_found),
     Rule("unit_restarted", FAILED, "unit mode: NRestarts up, a new MainPID, or SubState auto-restart",
-         "failed: unit U restarted N time(s) during the wait (...): its server crashed",
-         (UNIT + "test_classifier.py::test_unit_mode_crash_that_exits_0_or_restarts_is_failed",),
+         "failed: unit U restarted N time(s) during the wait (...): its server crashed[: <its exception, from the log or "
+         "the launcher's record>]",
+         (UNIT + "test_classifier.py::test_unit_mode_crash_that_exits_0_or_restarts_is_failed",
+          UNIT + "test_crash_loop.py::test_a_restart_seen_before_the_runs_last_lines_reach_the_journal_names_what_the_"
+          "launcher_recorded"),
          (UNIT + "test_probe.py::test_a_wait_begun_during_a_restarts_drain_starts_its_story_at_the_next_run",
           LIVE + "test_failure_notify_guest.py::test_a_wait_begun_during_a_restarts_drain_judges_the_next_run"),
          unit_restarted),
     Rule("unit_ended", FAILED, "unit mode: the unit failed, or stopped after it was seen running",
-         "failed: unit U failed (...) / stopped N s into the wait (...); a crash can exit 0",
+         "failed: unit U failed (...) / stopped N s into the wait (...); a crash can exit 0[: <its exception>]",
          (UNIT + "test_classifier.py::test_unit_mode_crash_that_exits_0_or_restarts_is_failed",),
          (UNIT + "test_classifier.py::test_unit_not_started_yet_is_not_started_and_not_failed",
           LIVE + "test_failure_notify_guest.py::test_a_wait_begun_during_a_restarts_drain_judges_the_next_run"),

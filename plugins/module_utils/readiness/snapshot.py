@@ -109,6 +109,10 @@ class Snapshot(object):
     # Unit mode, a unit whose launcher stopped a crash loop (exit status EXIT_CRASH_LOOP): its record of
     # failed starts (host/failed_starts.py), or {"error": why it could not be read}; else None.
     crash_loop: Optional[Dict[str, Any]] = None
+    # Unit mode: the failed start the unit's launcher recorded during this wait (host/failed_starts.py's
+    # entry, {"cause", "started", "ended", "status"}, with the record's "evidence"), else None. It names
+    # what a restarted run died of before its last lines reach the journal.
+    failed_start: Optional[Dict[str, Any]] = None
     # Unit mode, a look taken while the run a restart replaces still stops (the wait began during its
     # drain): {"invocation", "state", "pid"} of that run; nothing else of this look is read. Else None.
     earlier_run: Optional[Dict[str, Any]] = None
