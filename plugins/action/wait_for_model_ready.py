@@ -26,11 +26,13 @@ and check mode look once and print nothing.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import fcntl
 import hashlib
 import json
 import os
 import shlex
+import threading
 import time
 
 from ansible import constants as C
@@ -46,6 +48,7 @@ from ansible_collections.modelwake.serving.plugins.module_utils.readiness.follow
     CLEANUP_COMMAND, FOLLOW_COMMAND, parse_read)
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.history import usual_line
 from ansible_collections.modelwake.serving.plugins.module_utils.readiness.status import source_words
+from ansible_collections.modelwake.serving.plugins.plugin_utils.host_actions import host_action
 
 display = Display()
 
@@ -251,15 +254,37 @@ def with_phase(reply):
     return reply
 
 
+def fleet_summary(results):
+    """The fleet task's own message: how many hosts ended how, the bad ones named."""
+    counts = collections.Counter(r.get("phase") or ("unreachable" if r.get("unreachable") else "failed")
+                                 for r in results.values())
+    bad = sorted(host for host, r in results.items() if r.get("phase") != "ready")
+    words = ", ".join("%d %s" % (counts[phase], phase) for phase in sorted(counts))
+    return "%s%s" % (words, ": not ready: %s" % ", ".join(bad) if bad else "")
+
+
+# Ansible builds a module's payload (its module_utils found, zipped, cached) with caches that are not
+# made for threads: a fleet wait builds one host's at a time. Sending and running it are in parallel.
+_BUILD_LOCK = threading.Lock()
+
+
 class ActionModule(ActionBase):
 
     _supports_check_mode = True  # the module only observes: check mode runs it as usual
     _supports_async = True
+    fleet_member = False  # one host's wait of a fleet_hosts task (_run_fleet): its verdict is said as it comes
+
+    def _configure_module(self, *args, **kwargs):
+        with _BUILD_LOCK:
+            return super(ActionModule, self)._configure_module(*args, **kwargs)
 
     def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        fleet_hosts = self._task.args.get("fleet_hosts")
+        if fleet_hosts is not None:
+            return self._run_fleet(fleet_hosts, task_vars)
         result = super(ActionModule, self).run(tmp, task_vars)
         del tmp  # no longer has any effect
-        task_vars = task_vars or {}
         interval = progress_interval(self._templar.template(task_vars.get(INTERVAL_VAR)))
         wrap_async = self._task.async_val and not self._connection.has_native_async
         if self._task.async_val or not interval:
@@ -271,8 +296,8 @@ class ActionModule(ActionBase):
         host = task_vars.get("inventory_hostname", "?")
         try:
             def start_wait():
-                return self._execute_module(module_args=dict(self._task.args, _follow={"interval": interval}),
-                                            task_vars=task_vars)
+                args = dict((k, v) for k, v in self._task.args.items() if k != "fleet_hosts")
+                return self._execute_module(module_args=dict(args, _follow={"interval": interval}), task_vars=task_vars)
             reply = start_wait()
             follow = reply.pop("_follow", None)
             if follow:
@@ -283,6 +308,47 @@ class ActionModule(ActionBase):
         finally:
             self._remove_tmp_path(self._connection._shell.tmpdir)
         return self._with_unit(merge_hash(result, with_phase(reply)))
+
+    def _run_fleet(self, names, task_vars):
+        """fleet_hosts: this one task follows the wait of every host named, each over its own connection, so no
+        host's wait queues behind `forks` others. Returns {"hosts": {name: that host's result}}, never failed
+        itself: a run_once task that fails fails every host, and each host's verdict is its own."""
+        if not self._task.run_once:
+            raise AnsibleError("fleet_hosts needs run_once: true on the task (one task follows every host's wait); "
+                               "without it each host would follow them all")
+        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+            raise AnsibleError("fleet_hosts must be a list of inventory host names, got %r" % (names,))
+        def run_one(bound):
+            try:
+                return bound.action.run(task_vars=bound.task_vars)
+            except AnsibleConnectionFailure as exc:
+                return {"unreachable": True, "failed": True, "msg": "unreachable: %s" % exc}
+            except AnsibleError as exc:
+                return {"failed": True, "phase": "failed", "elapsed": 0, "msg": str(exc)}
+            finally:
+                try:
+                    bound.action._connection.close()
+                except Exception:  # pylint: disable=broad-except
+                    pass
+
+        names = list(dict.fromkeys(names))  # in order, each once
+        results, running = {}, {}
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+            for name in names:
+                # Set up here, one host after the other; each wait starts as soon as its host is set up.
+                try:
+                    bound = host_action(self, name, task_vars)
+                except AnsibleError as exc:
+                    results[name] = {"failed": True, "phase": "failed", "elapsed": 0,
+                                     "msg": "the wait could not be set up for %s: %s" % (name, exc)}
+                    continue
+                bound.action._task.args.pop("fleet_hosts", None)
+                bound.action.fleet_member = True
+                running[name] = pool.submit(run_one, bound)
+            for name, future in running.items():
+                results[name] = future.result()
+        results = dict((name, results[name]) for name in names)
+        return {"changed": False, "hosts": results, "msg": fleet_summary(results)}
 
     def _with_unit(self, result):
         """The unit waited on, beside the verdict: which of a host's services a verdict is about."""
@@ -424,13 +490,15 @@ class ActionModule(ActionBase):
         reply.setdefault("changed", False)
         if line and not self._task.no_log:
             reply["progress"] = line.split(": ", 1)[1]
-        if board is not None and done:
-            # This host's verdict, once, and the fleet's line when it is due (or when this was the last verdict).
+        if (board is not None or self.fleet_member) and done:
+            # This host's verdict, once (on a fleet's board, or in a fleet_hosts task, whose own result is one for
+            # all hosts), and the fleet's line when it is due (or when this was the last verdict).
             if not self._task.no_log:
                 said = line if reply.get("phase") == "ready" and line else "wait_for_model_ready [%s]: %s" % (
                     host, reply.get("msg"))
                 display.display(said, stderr=to_stderr)
-            self._to_board(board, host, reply, to_stderr)
+            if board is not None:
+                self._to_board(board, host, reply, to_stderr)
         elif done and reply.get("phase") != "ready" and (self._task.retries or 0) > 0 and not self._task.no_log:
             # A wait retried on the next start (model_service_failed_start: retry): Ansible's retry line shows
             # no result, so each failed start's verdict is said here.

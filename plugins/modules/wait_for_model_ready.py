@@ -209,6 +209,18 @@ options:
         and only once per start (systemd's InvocationID).
     type: str
     default: auto
+  fleet_hosts:
+    description:
+      - Inventory names of the hosts whose waits this one task follows, on a task with C(run_once) - each
+        host's own arguments (the task templated with its variables) over its own connection, all at once.
+      - Without it, Ansible runs a wait per host in a worker that the wait holds until its verdict, so
+        with more hosts than C(forks) the last hosts are looked at only once the first are ready.
+      - The task's result is C(hosts) (per host, what the task returns for one host) and C(msg) (how many
+        ended how). It never fails itself (a failed C(run_once) task fails every host), so a task after it
+        judges each host, e.g. C(ansible.builtin.fail) when C(result.hosts[inventory_hostname]) is failed.
+      - Handled by the action plugin; the module ignores it.
+    type: list
+    elements: str
   _follow:
     description:
       - Internal; set only by this module's action plugin, which prints progress while it waits. The
@@ -503,6 +515,7 @@ ARGUMENT_SPEC = dict(
     hold_file=dict(type="path"),
     engine_version=dict(type="str"),
     history=dict(type="str", default="auto"),
+    fleet_hosts=dict(type="list", elements="str"),  # the action plugin's; never reaches the module
 )
 
 # Set only by the action plugin of the same name (plugins/action/wait_for_model_ready.py), which
@@ -519,6 +532,7 @@ def main():
     )
     # Popped, so the result's invocation is the same as without the action plugin.
     follow_options = module.params.pop("_follow")
+    module.params.pop("fleet_hosts")
     # Checked here rather than by AnsibleModule, so that this failure too returns phase and elapsed.
     if (module.params["unit"] is None) == (module.params["pid"] is None):
         module.fail_json(msg="exactly one of unit and pid is required (got %s)" % (

@@ -218,6 +218,58 @@ def test_a_fleet_gets_one_summary_line_per_interval_and_a_line_per_host_verdict(
     assert SECRET not in stdout
 
 
+FLEET_TASK = """
+    - name: Follow every host's wait from one task
+      modelwake.serving.wait_for_model_ready:
+        url: "{{ sim_url }}"
+        engine: sglang
+        pid: "{{ sim_pid }}"
+        log_path: "{{ sim_log }}"
+        model_path: "{{ sim_model }}"
+        api_key: "{{ sim_api_key }}"
+        timeout: 120
+        stall_timeout: 60
+        poll_interval: 1
+        fleet_hosts: "{{ ansible_play_batch }}"
+      run_once: true
+      register: waits
+
+    - name: Keep each host's result for the test
+      ansible.builtin.copy:
+        content: "{{ waits.hosts[inventory_hostname] | to_nice_json }}"
+        dest: "{{ sim_result }}"
+        mode: "0600"
+"""
+
+
+def test_one_task_follows_every_hosts_wait_so_the_last_host_is_not_queued_behind_forks(tmp_path, playbook, start_sim):
+    """forks 1 and three hosts, the last one's engine crashing 3 s into its load: a wait per host would look at
+    it only once the two before it were ready (a worker each, one at a time). One run_once task with
+    fleet_hosts follows the three at once, each with its own arguments, so the crash is said first."""
+    sims = dict(("sim-%d" % i, start_sim()) for i in range(2))
+    sims["sim-crash"] = start_sim("--fault", "crash1:loading", "--fault-after", "3")
+    rc, stdout, results = playbook(sims, FLEET_TASK, "-e", "modelwake_progress_interval=2", ANSIBLE_FORKS="1")
+    assert rc == 0, stdout  # the task itself never fails: each host's verdict is in its result
+    for host in ("sim-0", "sim-1"):
+        assert results[host]["phase"] == "ready" and results[host]["progress"].startswith("ready "), results[host]
+        assert progress_lines(stdout, host)[0].group("phase") in ("starting", "loading"), stdout  # followed from the start
+    assert results["sim-crash"]["phase"] == "failed" and results["sim-crash"]["failed"] is True
+    assert "CUDA error" in results["sim-crash"]["msg"] or "OutOfMemoryError" in results["sim-crash"]["msg"], results
+    verdicts = re.findall(r"^wait_for_model_ready \[([\w-]+)\]: (ready|failed)\b", stdout, re.MULTILINE)
+    assert verdicts[0] == ("sim-crash", "failed") and sorted(verdicts[1:]) == [("sim-0", "ready"), ("sim-1", "ready")], \
+        stdout
+    # Each host's wait had its own arguments: its own engine's pid.
+    assert dict((h, r.get("pid")) for h, r in results.items()) == dict((h, sim.pid) for h, sim in sims.items()), results
+    assert SECRET not in stdout
+
+
+def test_fleet_hosts_without_run_once_is_refused_before_any_wait(tmp_path, playbook, start_sim):
+    sims = {"sim-alone": start_sim()}
+    rc, stdout, _results = playbook(sims, FLEET_TASK.replace("      run_once: true\n", ""))
+    assert rc != 0 and "fleet_hosts needs run_once: true" in stdout, stdout
+    assert not LINE.search(stdout), stdout
+
+
 def test_with_the_json_callback_stdout_parses_and_the_lines_go_to_stderr(tmp_path, playbook, start_sim):
     sims = {"sim-json": start_sim()}
     rc, (stdout, stderr), results = playbook(sims, WAIT_TASK, "-e", "modelwake_progress_interval=2",
