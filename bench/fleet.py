@@ -6,6 +6,9 @@ the others start normally. What a host leaves
 out: its own CPU, disk and network (every engine and wait shares this machine's cores, so the starts
 stretch as N grows; the lags below are measured from each engine's own events, not from a schedule).
 
+For N > 1 the play runs twice: a wait per host (each holds one of the `forks` workers until its verdict),
+then one run_once task that follows every host's wait (`fleet_hosts`) and a task that judges each host.
+
 Per N: the wall time until every healthy host's verdict reached the play, the lag from each host's true
 event (its ready line, or the crashed engine's exit, stamped as they happen) to its verdict in the play
 (the play's `ok:`/`fatal:` line for that host, stamped as it is read), the controller's CPU (ansible-playbook
@@ -33,11 +36,13 @@ SIM_ARGS = ["--tp", "1", "--fake-gpus", "--fake-gpu-count", "1", "--disable-cuda
 CRASH_ARGS = ["--fault", "crash1:loading", "--fault-after", "3"]
 POLL = 5.0  # the module's look interval: 128 waits looking once a second would take this machine's 2 cores
 PROGRESS_INTERVAL = 10
-VERDICT_LINE = re.compile(r"^(ok|changed|fatal|failed): \[(bench-fleet-\d+)\]")
+VERDICT_LINE = re.compile(r"^(?P<verdict>ok|changed|fatal|failed): \[(?P<host>bench-fleet-\d+)\]")
+# With one task following every wait, a host's verdict is its own line, said once as it comes.
+ONE_TASK_VERDICT_LINE = re.compile(r"^wait_for_model_ready \[(?P<host>bench-fleet-\d+)\]: (?P<verdict>ready|failed|stalled|timeout)\b")
 TARGET_LAG_S = 10.0
 
 
-def _inventory(path, sims, model, gpu_dirs):
+def _inventory(path, sims, model, gpu_dirs, one_task):
     lines = ["bench_fleet:", "  hosts:"]
     for index, sim in enumerate(sims):
         lines += ["    bench-fleet-%03d:" % index,
@@ -48,7 +53,8 @@ def _inventory(path, sims, model, gpu_dirs):
                   "      bench_fleet_log: %s" % sim.log_path,
                   "      bench_fleet_model: %s" % model,
                   "      bench_fleet_gpu_dir: %s" % gpu_dirs[index],
-                  "      bench_fleet_poll: %s" % POLL]
+                  "      bench_fleet_poll: %s" % POLL,
+                  "      bench_fleet_one_task: %s" % ("true" if one_task else "false")]
     with open(path, "w") as handle:
         handle.write("\n".join(lines) + "\n")
     return path
@@ -81,7 +87,7 @@ class TreeMemory(object):
         self.thread.join(5)
 
 
-def run_level(count, model, work, env, crash=True):
+def run_level(count, model, work, env, crash=True, one_task=False):
     """Start `count` engines (the last one crashing while it loads, with `crash`), wait on them all in one
     play; the level's figures. The play's output is kept beside the engines' logs (play.log)."""
     base = tempfile.mkdtemp(prefix="fleet-%d-" % count, dir=work)
@@ -98,7 +104,7 @@ def run_level(count, model, work, env, crash=True):
             args = SIM_ARGS + (CRASH_ARGS if crash and index == count - 1 else [])
             sims.append(simrun.SimRun("sglang", model, os.path.join(base, "engine-%03d.log" % index), args, port=port,
                                       env={"MODELWAKE_FAKE_GPU_DIR": gpu_dir}).start())
-        inventory = _inventory(os.path.join(base, "hosts.yml"), sims, model, gpu_dirs)
+        inventory = _inventory(os.path.join(base, "hosts.yml"), sims, model, gpu_dirs, one_task)
         argv = [ANSIBLE_PLAYBOOK, "-i", inventory, os.path.join(HERE, "fleet.yml"),
                 "-e", "modelwake_progress_interval=%d" % PROGRESS_INTERVAL]
         started = time.time()
@@ -110,9 +116,9 @@ def run_level(count, model, work, env, crash=True):
         for line in iter(proc.stdout.readline, ""):
             lines += 1
             log.write(line)
-            match = VERDICT_LINE.match(line)
-            if match and match.group(2) not in verdicts:
-                verdicts[match.group(2)] = (time.time(), match.group(1))
+            match = (ONE_TASK_VERDICT_LINE if one_task else VERDICT_LINE).match(line)
+            if match and match.group("host") not in verdicts:
+                verdicts[match.group("host")] = (time.time(), "ok" if match.group("verdict") == "ready" else match.group("verdict"))
         _pid, status, usage = os.wait4(proc.pid, 0)
         log.close()
         ended = time.time()
@@ -164,9 +170,13 @@ def measure(model, work, env, counts=COUNTS):
     result = {"status": "not measured", "levels": [], "poll_s": POLL, "progress_interval_s": PROGRESS_INTERVAL,
               "sim_args": SIM_ARGS, "target_lag_s": TARGET_LAG_S}
     for count in counts:
-        # One host alone twice, healthy and crashing: the lags the larger fleets are held to.
-        for crash in ((False, True) if count == 1 else (True,)):
-            print("bench: fleet of %d%s" % (count, ", the last host crashing" if crash else ""), flush=True)
-            result["levels"].append(dict(run_level(count, model, work, env, crash), crash_host=crash))
+        # One host alone twice, healthy and crashing: the lags the larger fleets are held to. A fleet: a wait
+        # per host (the forks' queue), then one task following every host's wait (fleet_hosts).
+        runs = ((False, False), (True, False)) if count == 1 else ((True, False), (True, True))
+        for crash, one_task in runs:
+            print("bench: fleet of %d%s%s" % (count, ", the last host crashing" if crash else "",
+                                              ", one task following every wait" if one_task else ""), flush=True)
+            result["levels"].append(dict(run_level(count, model, work, env, crash, one_task), crash_host=crash,
+                                         one_task=one_task))
     result["status"] = "measured"
     return result

@@ -267,8 +267,8 @@ def test_task_times_come_from_the_runs_own_task_results():
         {"seconds": 0.02, "task": "Pull the image", "action": "command", "skipped": True}]
 
 
-def _fleet_level(hosts, crash_host, healthy_max, crash_lag, cores):
-    return {"hosts": hosts, "crash_host": crash_host, "rc": 2 if crash_host else 0, "wall_to_all_ready_s": 20.0,
+def _fleet_level(hosts, crash_host, healthy_max, crash_lag, cores, one_task=False):
+    return {"hosts": hosts, "crash_host": crash_host, "one_task": one_task, "rc": 2 if crash_host else 0, "wall_to_all_ready_s": 20.0,
             "healthy_lag_max_s": healthy_max, "healthy_lag_median_s": healthy_max, "healthy_not_ready": {},
             "crash": {"verdict": "fatal", "lag_s": crash_lag} if crash_host else None, "controller_cpu_s": 10.0,
             "controller_cores": cores, "controller_peak_mib": 700.0, "controller_mib_per_host": 700.0 / hosts,
@@ -298,11 +298,22 @@ def test_the_fleet_targets_take_the_worst_lag_of_each_size_against_one_host_alon
     assert report.fleet_targets(None)[0][1] is None  # not measured
 
 
+def test_the_fleet_targets_judge_one_task_following_every_wait_where_it_was_measured():
+    fleet = _fleet(49.1, 1.0)
+    fleet["levels"] += [_fleet_level(8, True, 3.0, 2.9, 0.2, one_task=True), _fleet_level(128, True, 6.0, 5.5, 0.7, one_task=True)]
+    met = dict((label, (ok, number)) for label, ok, number in report.fleet_targets(fleet))
+    assert met["fleet: a verdict in the play within 10 s of its event, at every fleet size (one task following every "
+               "wait)"] == (True, "8 hosts 3.0 s; 128 hosts 6.0 s")
+    assert met["fleet: at 128 hosts within one poll (5 s) of one host's lag"] == (True, "6.0 s at 128 hosts against 1.8 s alone")
+    assert met["fleet: the controller under one core on average"] == (True, "1 host 0.23; 8 hosts 0.20; 128 hosts 0.70")
+
+
 def test_the_fleet_section_has_a_row_per_run_and_says_what_a_host_leaves_out():
     lines = report.fleet_section(_fleet(49.1, 1.0))
     rows = [line for line in lines if line.startswith("| 1") or line.startswith("| 8")]
-    assert rows[0].startswith("| 1, none crashing | 20.0 | 1.8 (1.8) | – |"), rows
-    assert rows[1].startswith("| 1 | 20.0 | – | 1.9 |") and rows[3].startswith("| 128 | 20.0 | 5.9 (5.9) | 49.1 |"), rows
+    assert rows[0].startswith("| 1, none crashing | a task per host | 20.0 | 1.8 (1.8) | – |"), rows
+    assert rows[1].startswith("| 1 | a task per host | 20.0 | – | 1.9 |"), rows
+    assert rows[3].startswith("| 128 | a task per host | 20.0 | 5.9 (5.9) | 49.1 |"), rows
     text = " ".join(lines)
-    assert "leaves out its own CPU, disk and network" in text and "deploy-k26.yml has no waves yet" in text
+    assert "leaves out its own CPU, disk and network" in text and "`fleet_hosts` follows every host's wait" in text
     assert report.fleet_section(None)[-2] == "Not measured: step not run"
