@@ -318,6 +318,7 @@ class ActionModule(ActionBase):
                                "without it each host would follow them all")
         if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
             raise AnsibleError("fleet_hosts must be a list of inventory host names, got %r" % (names,))
+
         def run_one(bound):
             try:
                 return bound.action.run(task_vars=bound.task_vars)
