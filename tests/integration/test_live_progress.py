@@ -218,28 +218,13 @@ def test_a_fleet_gets_one_summary_line_per_interval_and_a_line_per_host_verdict(
     assert SECRET not in stdout
 
 
-FLEET_TASK = """
-    - name: Follow every host's wait from one task
-      modelwake.serving.wait_for_model_ready:
-        url: "{{ sim_url }}"
-        engine: sglang
-        pid: "{{ sim_pid }}"
-        log_path: "{{ sim_log }}"
-        model_path: "{{ sim_model }}"
-        api_key: "{{ sim_api_key }}"
-        timeout: 120
-        stall_timeout: 60
-        poll_interval: 1
-        fleet_hosts: "{{ ansible_play_batch }}"
+# The same wait as one run_once task that follows every host's (fleet_hosts); each host keeps its own result.
+FLEET_TASK = WAIT_TASK.replace("""      register: wait_result
+      ignore_errors: true
+""", """        fleet_hosts: "{{ ansible_play_batch }}"
       run_once: true
       register: waits
-
-    - name: Keep each host's result for the test
-      ansible.builtin.copy:
-        content: "{{ waits.hosts[inventory_hostname] | to_nice_json }}"
-        dest: "{{ sim_result }}"
-        mode: "0600"
-"""
+""").replace("wait_result | to_nice_json", "waits.hosts[inventory_hostname] | to_nice_json")
 
 
 def test_one_task_follows_every_hosts_wait_so_the_last_host_is_not_queued_behind_forks(tmp_path, playbook, start_sim):
