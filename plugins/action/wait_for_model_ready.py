@@ -338,12 +338,11 @@ class ActionModule(ActionBase):
             for name in names:
                 # Set up here, one host after the other; each wait starts as soon as its host is set up.
                 try:
-                    bound = host_action(self, name, task_vars)
+                    bound = host_action(self, name, task_vars, drop_args=("fleet_hosts",))
                 except AnsibleError as exc:
                     results[name] = {"failed": True, "phase": "failed", "elapsed": 0,
                                      "msg": "the wait could not be set up for %s: %s" % (name, exc)}
                     continue
-                bound.action._task.args.pop("fleet_hosts", None)
                 bound.action.fleet_member = True
                 running[name] = pool.submit(run_one, bound)
             for name, future in running.items():

@@ -34,25 +34,29 @@ class HostAction(object):
         self.task_vars = task_vars
 
 
-def _task_for(task, variable_manager, loader):
-    """The task loaded again from its source: the running one holds the first host's templated values."""
+def _task_for(task, variable_manager, loader, drop_args):
+    """The task loaded again from its source (the running one holds the first host's templated values),
+    without the arguments in drop_args: they are the running task's, and are not templated again."""
     again = Task.load(task._ds, block=task._parent, role=task._role, variable_manager=variable_manager, loader=loader)
     again._uuid = task._uuid  # one task: its events, and the fleet's board, are keyed by it
     again.run_once = False
+    for name in drop_args:
+        again.args.pop(name, None)
     return again
 
 
-def host_action(action, name, task_vars):
-    """The action plugin `action` (a running ActionBase) for host `name`: a HostAction. Raises AnsibleError
-    when the host's task or connection cannot be set up (a variable that does not template, an unknown
-    connection plugin)."""
+def host_action(action, name, task_vars, drop_args=()):
+    """The action plugin `action` (a running ActionBase) for host `name`: a HostAction. drop_args: the task's
+    arguments that only the running action reads (e.g. the list of hosts, which would be templated again per
+    host). Raises AnsibleError when the host's task or connection cannot be set up (a variable that does not
+    template, an unknown connection plugin)."""
     hostvars = task_vars["hostvars"]
     variable_manager, loader = hostvars._variable_manager, hostvars._loader
     host = hostvars._inventory.get_host(name)
     if host is None:
         raise AnsibleError("%s is not a host of the inventory" % name)
     play = action._task.get_play()
-    task = _task_for(action._task, variable_manager, loader)
+    task = _task_for(action._task, variable_manager, loader, drop_args)
     variables = variable_manager.get_vars(play=play, host=host, task=task, include_hostvars=True,
                                           _hosts=task_vars.get("ansible_play_batch"),
                                           _hosts_all=task_vars.get("ansible_play_hosts_all"))
