@@ -116,3 +116,10 @@ def test_under_no_log_the_board_holds_no_cause_and_no_phase_before_the_verdict(t
     plugin._to_board(board, "b", {"phase": "failed", "msg": OOM}, to_stderr=True)
     assert board.looks() == {"a/sglang-k26.service": {"key": "a/sglang-k26.service", "phase": "waiting", "msg": None},
                              "b/sglang-k26.service": {"key": "b/sglang-k26.service", "phase": "failed", "msg": None}}
+
+
+def test_one_task_over_the_fleet_says_how_many_ended_how_and_names_the_hosts_not_ready():
+    results = {"gpu-1": {"phase": "ready"}, "gpu-2": {"phase": "ready"}, "gpu-3": {"phase": "failed", "failed": True},
+               "gpu-4": {"unreachable": True, "failed": True, "msg": "unreachable: ssh: connect to host ..."}}
+    assert action.fleet_summary(results) == "1 failed, 2 ready, 1 unreachable: not ready: gpu-3, gpu-4"
+    assert action.fleet_summary({"gpu-1": {"phase": "ready"}}) == "1 ready"
