@@ -318,7 +318,9 @@ ONE_LOOK_TASKS = """
 
 
 def test_async_timeout_zero_and_check_mode_work_as_before_without_lines(tmp_path, playbook, start_sim):
-    sims = {"sim-async": start_sim()}
+    # A load of 32 s: the background wait still waits through some of it, however long a loaded machine takes
+    # to start the play (its elapsed is counted from the wait's own start).
+    sims = {"sim-async": start_sim("--load-rate-mib", "2")}
     rc, stdout, results = playbook(sims, ONE_LOOK_TASKS, "-e", "modelwake_progress_interval=2")
     assert rc == 0, stdout
     assert progress_lines(stdout, "sim-async") == []  # async: one background call; timeout 0: one look
