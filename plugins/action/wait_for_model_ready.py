@@ -296,8 +296,8 @@ class ActionModule(ActionBase):
         host = task_vars.get("inventory_hostname", "?")
         try:
             def start_wait():
-                args = dict((k, v) for k, v in self._task.args.items() if k != "fleet_hosts")
-                return self._execute_module(module_args=dict(args, _follow={"interval": interval}), task_vars=task_vars)
+                return self._execute_module(module_args=dict(self._task.args, _follow={"interval": interval}),
+                                            task_vars=task_vars)
             reply = start_wait()
             follow = reply.pop("_follow", None)
             if follow:
